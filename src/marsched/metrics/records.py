@@ -1,0 +1,70 @@
+"""Per-request outcomes and the summary metrics every report is built from."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+
+@dataclass(frozen=True, slots=True)
+class RequestRecord:
+    request_id: str
+    arrival_s: float
+    first_token_s: float
+    finish_s: float
+    api_time_s: float
+    prompt_tokens: int
+    output_tokens: int
+    api_return_tokens: int
+    preemptions: int
+    max_wait_s: float  # longest single stay in the queue
+    isolated_e2e_s: float  # alone on the engine: no queueing, no preemption
+    strategies: tuple[str, ...]  # the strategy each call ran under
+
+    @property
+    def e2e_s(self) -> float:
+        return self.finish_s - self.arrival_s
+
+    @property
+    def ttft_s(self) -> float:
+        return self.first_token_s - self.arrival_s
+
+    @property
+    def norm_latency_s_per_token(self) -> float:
+        """INFERCEPT's normalized latency: time outside API calls per token, API-returned tokens included."""
+        return (self.e2e_s - self.api_time_s) / max(self.output_tokens + self.api_return_tokens, 1)
+
+
+def _percentile(values: np.ndarray, q: float) -> float:
+    return float(np.percentile(values, q)) if values.size else float("nan")
+
+
+def summarize(records: list[RequestRecord]) -> dict[str, float | int | dict[str, int]]:
+    """Latency, throughput and strategy metrics over finished requests."""
+    if not records:
+        raise ValueError("no finished requests to summarize")
+    e2e = np.array([r.e2e_s for r in records])
+    ttft = np.array([r.ttft_s for r in records])
+    start = min(r.arrival_s for r in records)
+    end = max(r.finish_s for r in records)
+    tokens = sum(r.prompt_tokens + r.output_tokens for r in records)
+    strategy_counts: dict[str, int] = {}
+    for record in records:
+        for strategy in record.strategies:
+            strategy_counts[strategy] = strategy_counts.get(strategy, 0) + 1
+    return {
+        "num_finished": len(records),
+        "e2e_mean_s": float(e2e.mean()),
+        "e2e_p50_s": _percentile(e2e, 50),
+        "e2e_p99_s": _percentile(e2e, 99),
+        "ttft_mean_s": float(ttft.mean()),
+        "ttft_p50_s": _percentile(ttft, 50),
+        "ttft_p99_s": _percentile(ttft, 99),
+        "norm_latency_mean_s_per_token": float(np.mean([r.norm_latency_s_per_token for r in records])),
+        "throughput_tokens_per_s": tokens / (end - start) if end > start else float("nan"),
+        "max_queue_wait_s": max(r.max_wait_s for r in records),
+        "preemptions": sum(r.preemptions for r in records),
+        "strategy_counts": dict(sorted(strategy_counts.items())),
+        "isolated_e2e_mean_s": float(np.mean([r.isolated_e2e_s for r in records])),
+    }

@@ -1,0 +1,11 @@
+"""The engine's state that policy decisions depend on."""
+
+from dataclasses import dataclass
+
+
+@dataclass(frozen=True, slots=True)
+class EngineLoad:
+    now_s: float
+    running_kv_tokens: int  # K: KV tokens held by the running batch
+    iteration_s: float  # the engine's current time per iteration (τ)
+    host_free_tokens: int  # room left in host memory for swapped KV

@@ -1,0 +1,187 @@
+"""A scheduling policy: an order for the waiting queue and a rule for each call's strategy.
+
+One `Policy` object decides in the simulator and inside vLLM alike; engines ask it and
+never decide on their own. The named policies are built in `registry.py`.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from enum import Enum
+
+from marsched.policy.cost_model import CostModel
+from marsched.policy.load import EngineLoad
+from marsched.policy.progress import RequestProgress, StrategyAssignment
+from marsched.policy.ranking import RankingTerms, SegmentOutlook, remaining_area
+from marsched.policy.strategy import Strategy
+from marsched.policy.waste import call_wastes, cheapest
+from marsched.predict.segment import SegmentPredictor
+
+
+class Order(str, Enum):
+    FCFS = "fcfs"  # by original arrival, kept across calls
+    FCFS_REENTRY = "fcfs-reentry"  # by the last time the request entered the queue (stock vLLM)
+    MEMORY_TIME = "memory-time"  # MARS: predicted memory × time of the remaining life
+    REMAINING_TOKENS = "remaining-tokens"  # SJF: predicted tokens still to generate
+
+
+class StrategyRule(str, Enum):
+    FIXED = "fixed"  # one strategy for every call
+    AHEAD = "ahead"  # min-waste from predictions when the segment starts; kept to the call
+    AT_CALL = "at-call"  # min-waste from the actual context and call time, revisited while preserved
+    END_AT_CALL = "end-at-call"  # the request leaves at the call and queues again at the tail
+
+
+@dataclass(frozen=True, slots=True)
+class StarvationConfig:
+    """Promote a request after `threshold` iterations of waiting; protect it for `quantum` iterations.
+
+    Default threshold 100 iterations as in the MARS code's benchmark script; the quantum of
+    100000 iterations is the same script's value (in effect: until the request finishes).
+    """
+
+    threshold: int | None = 100  # None: off
+    quantum: int = 100_000
+
+    def __post_init__(self) -> None:
+        if self.threshold is not None and self.threshold < 1:
+            raise ValueError(f"starvation threshold must be >= 1 or off, got {self.threshold}")
+        if self.quantum < 0:
+            raise ValueError(f"starvation quantum must be >= 0, got {self.quantum}")
+
+
+@dataclass(slots=True)
+class Policy:
+    name: str
+    order: Order
+    rule: StrategyRule
+    cost: CostModel
+    predictor: SegmentPredictor
+    fixed_strategy: Strategy | None = None
+    starvation: StarvationConfig = field(default_factory=lambda: StarvationConfig(threshold=None))
+    refresh_interval: int = 1  # recompute queue keys every k iterations
+    terms: RankingTerms = field(default_factory=RankingTerms)
+
+    def __post_init__(self) -> None:
+        if self.refresh_interval < 1:
+            raise ValueError(f"refresh interval must be >= 1 iteration, got {self.refresh_interval}")
+        if (self.rule is StrategyRule.FIXED) != (self.fixed_strategy is not None):
+            raise ValueError("a fixed strategy goes with the FIXED rule, and only with it")
+
+    # --- strategies -------------------------------------------------------------------
+
+    @property
+    def requeues_at_tail(self) -> bool:
+        return self.rule is StrategyRule.END_AT_CALL
+
+    @property
+    def reconsiders_paused(self) -> bool:
+        return self.rule is StrategyRule.AT_CALL
+
+    @property
+    def keys_follow_load(self) -> bool:
+        """Whether queue keys change with the engine's load, so that they need refreshing."""
+        return self.order is Order.MEMORY_TIME
+
+    def start_segment(self, progress: RequestProgress, load: EngineLoad) -> None:
+        """Called when a segment becomes current (arrival, call return): predict, and fix the
+        strategy now if this policy decides ahead."""
+        request = progress.request
+        progress.predictions = [self.predictor.predict(request, i) for i in range(len(request.segments))]
+        progress.strategy = None
+        if progress.segment.api is None:
+            return
+        index = progress.segment_index
+        if self.rule is StrategyRule.FIXED:
+            progress.assign(StrategyAssignment(index, self.fixed_strategy, load.now_s, 0, 0.0, "fixed"))
+        elif self.rule is StrategyRule.AHEAD:
+            prediction = progress.predictions[index]
+            context = progress.segment.context_tokens + prediction.output_tokens
+            strategy = self._cheapest(context, prediction.api_duration_s, load)
+            progress.assign(
+                StrategyAssignment(index, strategy, load.now_s, context, prediction.api_duration_s, "ahead")
+            )
+
+    def strategy_at_call(self, progress: RequestProgress, load: EngineLoad) -> Strategy:
+        """The strategy for the call starting now. AHEAD and FIXED return what was fixed before."""
+        if self.rule is StrategyRule.END_AT_CALL:
+            progress.assign(StrategyAssignment(progress.segment_index, Strategy.DISCARD, load.now_s, 0, 0.0, "fixed"))
+        elif self.rule is StrategyRule.AT_CALL:
+            api_s = progress.segment.api.duration_s  # INFERCEPT uses the true call time (oracle)
+            strategy = self._cheapest(progress.computed_tokens, api_s, load)
+            progress.assign(
+                StrategyAssignment(progress.segment_index, strategy, load.now_s, progress.computed_tokens, api_s, "at-call")
+            )
+        return progress.strategy
+
+    def reconsider(self, progress: RequestProgress, load: EngineLoad) -> Strategy | None:
+        """For AT_CALL, while a call is preserved: a cheaper strategy given the remaining time, or None."""
+        if not self.reconsiders_paused or progress.strategy is not Strategy.PRESERVE:
+            return None
+        remaining_s = progress.segment.api.duration_s - (load.now_s - progress.api_started_s)
+        strategy = self._cheapest(progress.computed_tokens, remaining_s, load)
+        if strategy is Strategy.PRESERVE:
+            return None
+        progress.assign(
+            StrategyAssignment(
+                progress.segment_index, strategy, load.now_s, progress.computed_tokens, remaining_s, "reconsidered"
+            )
+        )
+        return strategy
+
+    def _cheapest(self, context_tokens: int, api_s: float, load: EngineLoad) -> Strategy:
+        wastes = call_wastes(context_tokens, api_s, load.running_kv_tokens, self.cost)
+        return cheapest(wastes, swap_allowed=load.host_free_tokens >= context_tokens)
+
+    # --- order ------------------------------------------------------------------------
+
+    def queue_key(self, progress: RequestProgress, load: EngineLoad) -> float:
+        """Lower runs first."""
+        if self.order is Order.MEMORY_TIME:
+            return self.memory_time(progress, load)
+        if self.order is Order.REMAINING_TOKENS:
+            return float(self.remaining_tokens(progress))
+        return progress.order_s
+
+    def victim_key(self, progress: RequestProgress, load: EngineLoad) -> float:
+        """Higher is preempted first: the lowest-ranked request."""
+        return self.queue_key(progress, load)
+
+    def remaining_tokens(self, progress: RequestProgress) -> int:
+        predictions = progress.predictions[progress.segment_index :]
+        return max(predictions[0].output_tokens - progress.generated, 1) + sum(p.output_tokens for p in predictions[1:])
+
+    def memory_time(self, progress: RequestProgress, load: EngineLoad) -> float:
+        return remaining_area(self.outlook(progress, load), load.iteration_s, self.cost, self.terms)
+
+    def outlook(self, progress: RequestProgress, load: EngineLoad) -> list[SegmentOutlook]:
+        """The current and later segments as the ranking key sees them (see `ranking.py`)."""
+        index = progress.segment_index
+        current = progress.predictions[index]
+        outlook = [
+            SegmentOutlook(
+                progress.context_tokens,
+                progress.pending_tokens,
+                max(current.output_tokens - progress.generated, 1),
+                current,
+                progress.strategy,
+            )
+        ]
+        context_at_call = progress.context_tokens + outlook[0].decode_tokens
+        for later_index in range(index + 1, len(progress.predictions)):
+            previous = progress.predictions[later_index - 1]
+            prediction = progress.predictions[later_index]
+            context = context_at_call + previous.api_return_tokens
+            strategy = None
+            if prediction.has_call:
+                strategy = self._later_strategy(context + prediction.output_tokens, prediction.api_duration_s, load)
+            outlook.append(SegmentOutlook(context, previous.api_return_tokens + 1, prediction.output_tokens, prediction, strategy))
+            context_at_call = context + prediction.output_tokens
+        return outlook
+
+    def _later_strategy(self, context_tokens: int, api_s: float, load: EngineLoad) -> Strategy:
+        if self.rule is StrategyRule.FIXED:
+            return self.fixed_strategy
+        if self.rule is StrategyRule.END_AT_CALL:
+            return Strategy.DISCARD
+        return self._cheapest(context_tokens, api_s, load)

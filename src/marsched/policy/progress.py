@@ -1,0 +1,62 @@
+"""A request's progress as the policy sees it; both engines keep one per live request."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from marsched.policy.strategy import Strategy
+from marsched.predict.segment import SegmentPrediction
+from marsched.workload.model import Request, Segment
+
+
+@dataclass(frozen=True, slots=True)
+class StrategyAssignment:
+    """A strategy fixed for one segment's call, when and from what it was decided."""
+
+    segment_index: int
+    strategy: Strategy
+    assigned_s: float
+    context_tokens: int  # C used for the decision (predicted or actual)
+    api_s: float  # T used for the decision (predicted, or actual remaining)
+    reason: str  # "ahead", "at-call", "reconsidered", "fixed", "host-full"
+
+
+@dataclass(slots=True, eq=False)
+class RequestProgress:
+    request: Request
+    order_s: float  # FCFS position: arrival, or re-entry time for policies that requeue at the tail
+    segment_index: int = 0
+    generated: int = 0  # tokens generated in the current segment
+    context_tokens: int = 0  # sequence length: prompt + generated + API returns
+    computed_tokens: int = 0  # tokens whose KV is on the device
+    predictions: list[SegmentPrediction] = field(default_factory=list)
+    strategy: Strategy | None = None
+    assignments: list[StrategyAssignment] = field(default_factory=list)
+    api_started_s: float | None = None
+    promoted: bool = False  # starvation prevention moved it ahead of the queue's order
+    protected_until_iteration: int = -1  # starvation quantum: not a preemption victim before this
+
+    def __post_init__(self) -> None:
+        if not self.context_tokens:
+            self.context_tokens = self.request.prompt_tokens
+
+    @property
+    def request_id(self) -> str:
+        return self.request.request_id
+
+    @property
+    def segment(self) -> Segment:
+        return self.request.segments[self.segment_index]
+
+    @property
+    def pending_tokens(self) -> int:
+        """Tokens to compute before the next token can be sampled."""
+        return self.context_tokens - self.computed_tokens
+
+    @property
+    def in_last_segment(self) -> bool:
+        return self.segment_index == len(self.request.segments) - 1
+
+    def assign(self, assignment: StrategyAssignment) -> None:
+        self.strategy = assignment.strategy
+        self.assignments.append(assignment)

@@ -1,0 +1,162 @@
+"""The ranked waiting queue with starvation prevention, shared by both engines.
+
+Keys are cached at entry and recomputed every `refresh_interval` iterations for orders
+that follow the engine's load (a heapify: O(n), not a sort). Between refreshes,
+pushing and popping cost O(log n).
+
+Starvation counters are kept lazily: a request's counter is the number of iterations
+since it entered the queue (or was last promoted), so one deque in entry order finds
+every request that reached the threshold in O(1) amortized per iteration. A promoted
+request goes ahead of key order, in promotion order, until it is scheduled.
+"""
+
+from __future__ import annotations
+
+import heapq
+from collections import deque
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+
+from marsched.policy.load import EngineLoad
+from marsched.policy.policy import Policy
+from marsched.policy.progress import RequestProgress
+
+
+@dataclass(slots=True, eq=False)
+class _Entry:
+    progress: RequestProgress
+    key: float
+    since_iteration: int
+    promoted: bool = False
+    live: bool = True
+
+
+@dataclass(slots=True)
+class WaitingQueue:
+    policy: Policy
+    _entries: dict[str, _Entry] = field(default_factory=dict)
+    _heap: list[tuple[float, int, _Entry]] = field(default_factory=list)
+    _promoted: deque[_Entry] = field(default_factory=deque)
+    _by_entry: deque[_Entry] = field(default_factory=deque)
+    _sequence: int = 0
+    _last_refresh: int = -1
+
+    def __len__(self) -> int:
+        return len(self._entries)
+
+    def __contains__(self, request_id: str) -> bool:
+        return request_id in self._entries
+
+    def push(self, progress: RequestProgress, load: EngineLoad, iteration: int) -> None:
+        if progress.request_id in self._entries:
+            raise ValueError(f"request {progress.request_id!r} is already waiting")
+        entry = _Entry(progress, self.policy.queue_key(progress, load), iteration)
+        self._entries[progress.request_id] = entry
+        self._push_heap(entry)
+        self._by_entry.append(entry)
+
+    def push_back(self, progress: RequestProgress) -> None:
+        """Return a request just popped and not scheduled to where it was (its counter keeps running)."""
+        entry = self._popped
+        if entry is None or entry.progress is not progress:
+            raise ValueError("push_back takes back only the request popped last")
+        self._popped = None
+        entry.live = True
+        self._entries[progress.request_id] = entry
+        if entry.promoted:
+            self._promoted.appendleft(entry)
+        else:
+            self._push_heap(entry)
+
+    def pop(self) -> RequestProgress | None:
+        """The next request in order (promoted first), removed from the queue."""
+        entry = self._pop_promoted() or self._pop_heap()
+        self._popped = entry
+        if entry is None:
+            return None
+        entry.live = False
+        del self._entries[entry.progress.request_id]
+        return entry.progress
+
+    def remove(self, request_id: str) -> None:
+        entry = self._entries.pop(request_id)
+        entry.live = False
+
+    def ordered(self) -> Iterator[RequestProgress]:
+        """All waiting requests in order, without removing them (O(n log n): for tests and reports)."""
+        promoted = [e.progress for e in self._promoted if e.live]
+        rest = sorted((k, s, e) for k, s, e in self._heap if e.live and not e.promoted)
+        return iter(promoted + [e.progress for _, _, e in rest])
+
+    # --- starvation -------------------------------------------------------------------
+
+    def starvation_counter(self, request_id: str, iteration: int) -> int:
+        return iteration - self._entries[request_id].since_iteration
+
+    def promote_starving(self, iteration: int) -> list[RequestProgress]:
+        """Promote every request whose counter reached the threshold; returns them."""
+        threshold = self.policy.starvation.threshold
+        promoted: list[RequestProgress] = []
+        if threshold is None:
+            return promoted
+        while self._by_entry:
+            entry = self._by_entry[0]
+            if not entry.live or entry.promoted:
+                self._by_entry.popleft()
+                continue
+            if iteration - entry.since_iteration < threshold:
+                break
+            self._by_entry.popleft()
+            entry.promoted = True
+            entry.progress.promoted = True
+            entry.since_iteration = iteration  # the counter resets at promotion
+            self._promoted.append(entry)
+            promoted.append(entry.progress)
+        return promoted
+
+    def iterations_to_next_promotion(self, iteration: int) -> int | None:
+        threshold = self.policy.starvation.threshold
+        if threshold is None:
+            return None
+        for entry in self._by_entry:
+            if entry.live and not entry.promoted:
+                return max(entry.since_iteration + threshold - iteration, 1)
+        return None
+
+    # --- keys -------------------------------------------------------------------------
+
+    def refresh(self, load: EngineLoad, iteration: int) -> bool:
+        """Recompute keys if the order follows load and the interval has passed; True if it did."""
+        if not self.policy.keys_follow_load or iteration - self._last_refresh < self.policy.refresh_interval:
+            return False
+        self._last_refresh = iteration
+        self._heap = []
+        for entry in self._entries.values():
+            if not entry.promoted:
+                entry.key = self.policy.queue_key(entry.progress, load)
+                self._heap.append((entry.key, self._next_sequence(), entry))
+        heapq.heapify(self._heap)
+        return True
+
+    def _push_heap(self, entry: _Entry) -> None:
+        heapq.heappush(self._heap, (entry.key, self._next_sequence(), entry))
+
+    def _next_sequence(self) -> int:
+        self._sequence += 1
+        return self._sequence
+
+    def _pop_promoted(self) -> _Entry | None:
+        while self._promoted:
+            entry = self._promoted.popleft()
+            if entry.live:
+                return entry
+        return None
+
+    def _pop_heap(self) -> _Entry | None:
+        while self._heap:
+            _, _, entry = heapq.heappop(self._heap)
+            if entry.live and not entry.promoted:
+                return entry
+        return None
+
+    _popped: _Entry | None = None

@@ -1,0 +1,77 @@
+"""Ranking keys: the predicted memory × time of a request's remaining life (MARS), and remaining tokens (SJF).
+
+MARS area of what is left of a request, in token·seconds, summed over the current and
+later segments; each term can be switched off for ablations (`RankingTerms`):
+
+- prefill: tokens still to be prefilled (a new prompt, a recompute, an API return),
+  held at the full context for Tfwd(prefill): Tfwd(X)·P.
+- decode: decoding L̂ tokens from context P at τ seconds per iteration holds
+  τ·(L̂·P + L̂(L̂+1)/2).
+- call: the segment's call under its strategy, C = P + L̂ at the call:
+  Preserve C·T̂, Discard the recompute area Tfwd(C)·C, Swap 2·Tswap(C)·C.
+- after_call: the later segments, each from its predicted context (previous context
+  at the call + predicted return), with prefill of the return, decode and call terms
+  as above and the strategy the same waste rule would pick for it.
+
+τ is the engine's current iteration time. A running request's remaining decode is
+max(L̂ − generated, 1): an under-predicted segment is taken as nearly done.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from marsched.policy.cost_model import CostModel
+from marsched.policy.strategy import Strategy
+from marsched.predict.segment import SegmentPrediction
+
+
+@dataclass(frozen=True, slots=True)
+class RankingTerms:
+    prefill: bool = True
+    decode: bool = True
+    call: bool = True
+    after_call: bool = True
+
+
+def decode_area(context_tokens: int, decode_tokens: int, iteration_s: float) -> float:
+    n = max(decode_tokens, 0)
+    return iteration_s * (n * context_tokens + n * (n + 1) / 2)
+
+
+def call_area(strategy: Strategy, context_at_call: int, api_s: float, cost: CostModel) -> float:
+    if strategy is Strategy.PRESERVE:
+        return context_at_call * api_s
+    if strategy is Strategy.DISCARD:
+        return cost.recompute_time(context_at_call) * context_at_call
+    return 2.0 * cost.swap_time(context_at_call) * context_at_call
+
+
+def prefill_area(context_tokens: int, prefill_tokens: int, cost: CostModel) -> float:
+    return cost.recompute_time(prefill_tokens) * context_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentOutlook:
+    """What is left of one segment, as the ranking sees it."""
+
+    context_tokens: int  # context now (current segment) or predicted at its start (later ones)
+    prefill_tokens: int
+    decode_tokens: int
+    prediction: SegmentPrediction
+    strategy: Strategy | None
+
+
+def remaining_area(outlook: list[SegmentOutlook], iteration_s: float, cost: CostModel, terms: RankingTerms) -> float:
+    area = 0.0
+    for index, segment in enumerate(outlook):
+        if index > 0 and not terms.after_call:
+            break
+        if terms.prefill and segment.prefill_tokens:
+            area += prefill_area(segment.context_tokens, segment.prefill_tokens, cost)
+        if terms.decode:
+            area += decode_area(segment.context_tokens, segment.decode_tokens, iteration_s)
+        if terms.call and segment.prediction.has_call and segment.strategy is not None:
+            context_at_call = segment.context_tokens + segment.decode_tokens
+            area += call_area(segment.strategy, context_at_call, segment.prediction.api_duration_s, cost)
+    return area

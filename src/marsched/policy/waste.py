@@ -1,0 +1,60 @@
+"""Device memory wasted during an API call, per strategy, in token·seconds.
+
+These are INFERCEPT's definitions (ICML 2024, Section 4), with C the context at the
+call, T the call's duration and K the KV tokens of the rest of the running batch:
+
+- Preserve: C·T. The context sits idle on the device for the whole call.
+- Discard: Tfwd(C)·(C + K). Recomputing C tokens takes Tfwd(C); the request's own
+  memory and the batch's are held while the batch makes room for the recompute.
+- Swap: 2·Tswap(C)·C. Our engines move swaps over the host link in budgets that fit
+  under an iteration's compute, so the batch does not stall (the K term of the
+  INFERCEPT formula, which charges the non-overlapped transfer, is zero); what is
+  lost is the request's own device memory, held while it is copied out and while
+  it is copied back before it can run.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from marsched.policy.cost_model import CostModel
+from marsched.policy.strategy import Strategy
+
+
+def preserve_waste(context_tokens: int, api_s: float) -> float:
+    return context_tokens * max(api_s, 0.0)
+
+
+def discard_waste(context_tokens: int, batch_kv_tokens: int, cost: CostModel) -> float:
+    return cost.recompute_time(context_tokens) * (context_tokens + batch_kv_tokens)
+
+
+def swap_waste(context_tokens: int, cost: CostModel) -> float:
+    return 2.0 * cost.swap_time(context_tokens) * context_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Wastes:
+    preserve: float
+    discard: float
+    swap: float
+
+    def of(self, strategy: Strategy) -> float:
+        return {Strategy.PRESERVE: self.preserve, Strategy.DISCARD: self.discard, Strategy.SWAP: self.swap}[strategy]
+
+
+def call_wastes(context_tokens: int, api_s: float, batch_kv_tokens: int, cost: CostModel) -> Wastes:
+    return Wastes(
+        preserve_waste(context_tokens, api_s),
+        discard_waste(context_tokens, batch_kv_tokens, cost),
+        swap_waste(context_tokens, cost),
+    )
+
+
+# Ties go to the strategy that moves the least data.
+_TIE_ORDER = (Strategy.PRESERVE, Strategy.SWAP, Strategy.DISCARD)
+
+
+def cheapest(wastes: Wastes, swap_allowed: bool = True) -> Strategy:
+    candidates = [s for s in _TIE_ORDER if swap_allowed or s is not Strategy.SWAP]
+    return min(candidates, key=wastes.of)

@@ -1,0 +1,95 @@
+"""API-duration and return-length estimators, per API type."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Protocol
+
+from marsched.workload.model import ApiType, Request
+
+
+@dataclass(frozen=True, slots=True)
+class ApiEstimate:
+    duration_s: float
+    return_tokens: int
+
+
+class ApiEstimator(Protocol):
+    name: str
+
+    def estimate(self, request: Request, segment_index: int) -> ApiEstimate: ...
+
+    def observe(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None: ...
+
+
+@dataclass(frozen=True, slots=True)
+class OracleApi:
+    """The call's true duration and return length from the trace."""
+
+    name: str = "oracle"
+
+    def estimate(self, request: Request, segment_index: int) -> ApiEstimate:
+        api = request.segments[segment_index].api
+        if api is None:
+            return ApiEstimate(0.0, 0)
+        return ApiEstimate(api.duration_s, api.return_tokens)
+
+    def observe(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None:
+        pass
+
+
+@dataclass(slots=True)
+class _RunningMean:
+    total: float
+    weight: float
+
+    @property
+    def mean(self) -> float:
+        return self.total / self.weight
+
+
+@dataclass(slots=True)
+class TypeMeanApi:
+    """Online mean of the durations and return lengths observed per API type, started from a prior.
+
+    The prior counts as `prior_weight` observations, so the first calls of a new type
+    are not taken at face value; after a few calls the observations dominate.
+    """
+
+    prior_duration_s: float = 1.0
+    prior_return_tokens: float = 20.0
+    prior_weight: float = 1.0
+    name: str = "type-mean"
+    _durations: dict[ApiType, _RunningMean] = field(default_factory=dict)
+    _returns: dict[ApiType, _RunningMean] = field(default_factory=dict)
+
+    def estimate(self, request: Request, segment_index: int) -> ApiEstimate:
+        api = request.segments[segment_index].api
+        if api is None:
+            return ApiEstimate(0.0, 0)
+        duration = self._durations.get(api.api_type)
+        returns = self._returns.get(api.api_type)
+        return ApiEstimate(
+            duration.mean if duration else self.prior_duration_s,
+            round(returns.mean) if returns else round(self.prior_return_tokens),
+        )
+
+    def observe(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None:
+        duration = self._durations.setdefault(
+            api_type, _RunningMean(self.prior_duration_s * self.prior_weight, self.prior_weight)
+        )
+        duration.total += duration_s
+        duration.weight += 1
+        returns = self._returns.setdefault(
+            api_type, _RunningMean(self.prior_return_tokens * self.prior_weight, self.prior_weight)
+        )
+        returns.total += return_tokens
+        returns.weight += 1
+
+
+def parse_api_estimator(spec: str) -> ApiEstimator:
+    if spec == "oracle":
+        return OracleApi()
+    if spec == "type-mean":
+        return TypeMeanApi()
+    raise ValueError(f"unknown API estimator {spec!r}; valid: oracle, type-mean")

@@ -1,0 +1,44 @@
+"""One prediction per segment: output length, call duration and return length together."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from marsched.predict.api_duration import ApiEstimator, OracleApi
+from marsched.predict.length import LengthPredictor, OracleLength
+from marsched.workload.model import ApiCall, Request
+
+
+@dataclass(frozen=True, slots=True)
+class SegmentPrediction:
+    output_tokens: int
+    api_duration_s: float  # 0 for the last segment
+    api_return_tokens: int
+    has_call: bool
+
+
+@dataclass(slots=True)
+class SegmentPredictor:
+    length: LengthPredictor
+    api: ApiEstimator
+
+    @classmethod
+    def oracle(cls) -> "SegmentPredictor":
+        return cls(OracleLength(), OracleApi())
+
+    @property
+    def name(self) -> str:
+        return f"{self.length.name}+api:{self.api.name}"
+
+    def predict(self, request: Request, segment_index: int) -> SegmentPrediction:
+        segment = request.segments[segment_index]
+        api = self.api.estimate(request, segment_index)
+        return SegmentPrediction(
+            self.length.predict(request, segment_index),
+            api.duration_s,
+            api.return_tokens,
+            segment.api is not None,
+        )
+
+    def observe(self, call: ApiCall) -> None:
+        self.api.observe(call.api_type, call.duration_s, call.return_tokens)

@@ -1,0 +1,534 @@
+"""The discrete-event simulator: iteration-level continuous batching over paged KV memory.
+
+Each iteration: arrivals and call returns that are due are taken in, the policy may
+revisit preserved calls, starving requests are promoted, the queue's keys are
+refreshed; then the batch is built under the token budget (running requests first,
+preempting the lowest-ranked unprotected one when blocks run out; then queued
+requests in the policy's order until one does not fit), and it runs for
+`c + a·tokens` seconds while the host link moves swaps beside it.
+
+When the next iteration is bound to be the same as this one (every running request
+decoding, nothing admitted or preempted, no event due), the engine runs the
+identical iterations in one go up to the next event: the next arrival, call return,
+transfer completion, segment end, starvation promotion, or the point where decode
+growth would need more blocks than are free. The result is the same as one at a time.
+"""
+
+from __future__ import annotations
+
+import heapq
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from enum import Enum
+
+from marsched.metrics.records import RequestRecord
+from marsched.metrics.trace import EventTrace
+from marsched.policy.load import EngineLoad
+from marsched.policy.policy import Policy
+from marsched.policy.progress import RequestProgress, StrategyAssignment
+from marsched.policy.queue import WaitingQueue
+from marsched.policy.strategy import Strategy
+from marsched.sim.isolated import isolated_latency
+from marsched.sim.link import HostLink, Transfer
+from marsched.sim.memory import BlockPool, blocks_for
+from marsched.sim.profile import Profile
+from marsched.workload.model import Request
+
+
+class Phase(str, Enum):
+    WAITING = "waiting"  # in the queue, needs prefill (new, preempted or discarded)
+    RUNNING = "running"
+    PAUSED = "paused"  # inside an API call
+    SWAPPED = "swapped"  # call returned, KV in host memory, in the queue for swap-in
+    SWAPPING_IN = "swapping-in"
+    FINISHED = "finished"
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    progress: RequestProgress
+    phase: Phase = Phase.WAITING
+    device_blocks: int = 0
+    host_blocks: int = 0
+    api_end_s: float = math.inf
+    transfer: Transfer | None = None
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    wait_since_s: float = 0.0
+    max_wait_s: float = 0.0
+    preemptions: int = 0
+    strategies_run: list[str] = field(default_factory=list)
+
+    @property
+    def rid(self) -> str:
+        return self.progress.request_id
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    records: list[RequestRecord]
+    iterations: int
+    steps: int  # scheduling decisions made (identical iterations run together count once)
+    end_s: float
+    wallclock_s: float
+
+
+StepHook = Callable[["Simulator"], None]
+
+
+class Simulator:
+    def __init__(
+        self,
+        requests: list[Request],
+        profile: Profile,
+        policy: Policy,
+        trace: EventTrace | None = None,
+        on_step: StepHook | None = None,
+        on_progress: Callable[[int, int], None] | None = None,
+    ) -> None:
+        self.profile = profile
+        self.policy = policy
+        self.cost = policy.cost
+        self.block_tokens = profile.block_tokens
+        self.trace = trace or EventTrace()
+        self.on_step = on_step
+        self.on_progress = on_progress
+        self.device = BlockPool("device", profile.device_blocks)
+        self.host = BlockPool("host", profile.host_blocks)
+        self.link_out = HostLink(self.cost.swap_tokens_per_s)
+        self.link_in = HostLink(self.cost.swap_tokens_per_s)
+        self.queue = WaitingQueue(policy)
+        self.pending = sorted(requests, key=lambda r: r.arrival_s)
+        self._check_fits(self.pending)
+        self.live: dict[str, SimRequest] = {}
+        self.running: list[SimRequest] = []
+        self.paused_preserved: dict[str, SimRequest] = {}
+        self._calls: list[tuple[float, int, SimRequest]] = []  # heap of (api end, seq, request)
+        self._sequence = 0
+        self.records: list[RequestRecord] = []
+        self.now = 0.0
+        self.iteration = 0
+        self.steps = 0
+        self._next_arrival = 0
+        self._tau = self.cost.iteration_time(1)
+
+    def _check_fits(self, requests: list[Request]) -> None:
+        for request in requests:
+            needed = blocks_for(request.final_context_tokens + 1, self.block_tokens)
+            if needed > self.device.capacity:
+                raise ValueError(
+                    f"request {request.request_id!r} needs {needed} KV blocks at its longest, "
+                    f"more than the {self.device.capacity} the profile {self.profile.name!r} has"
+                )
+
+    # --- the loop ---------------------------------------------------------------------
+
+    def run(self) -> SimResult:
+        started = time.perf_counter()
+        total = len(self.pending)
+        while len(self.records) < total:
+            self._take_arrivals()
+            self._take_returns()
+            self._reconsider_paused()
+            self._promote_starving()
+            self.queue.refresh(self.load(), self.iteration)
+            batch, settled = self._build_batch()
+            if not batch:
+                self._idle_until_next_event()
+            else:
+                self._run_batch(batch, settled)
+            if self.on_step:
+                self.on_step(self)
+            if self.on_progress:
+                self.on_progress(len(self.records), total)
+        return SimResult(self.records, self.iteration, self.steps, self.now, time.perf_counter() - started)
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(
+            now_s=self.now,
+            running_kv_tokens=sum(r.progress.computed_tokens for r in self.running),
+            iteration_s=self._tau,
+            host_free_tokens=self.host.free * self.block_tokens,
+        )
+
+    # --- events -----------------------------------------------------------------------
+
+    def _take_arrivals(self) -> None:
+        while self._next_arrival < len(self.pending) and self.pending[self._next_arrival].arrival_s <= self.now:
+            request = self.pending[self._next_arrival]
+            self._next_arrival += 1
+            progress = RequestProgress(request, order_s=request.arrival_s)
+            sim_request = SimRequest(progress, wait_since_s=self.now)
+            self.live[request.request_id] = sim_request
+            self.trace.emit("arrive", self.now, request.request_id,
+                            prompt_tokens=request.prompt_tokens, segments=len(request.segments))
+            self._start_segment(sim_request)
+            self.queue.push(progress, self.load(), self.iteration)
+
+    def _start_segment(self, sim_request: SimRequest) -> None:
+        progress = sim_request.progress
+        before = len(progress.assignments)
+        self.policy.start_segment(progress, self.load())
+        if len(progress.assignments) > before:
+            self._emit_assignment(sim_request, progress.assignments[-1])
+
+    def _emit_assignment(self, sim_request: SimRequest, assignment: StrategyAssignment) -> None:
+        self.trace.emit("assign_strategy", self.now, sim_request.rid, segment=assignment.segment_index,
+                        strategy=assignment.strategy.value, reason=assignment.reason,
+                        context_tokens=assignment.context_tokens, api_s=assignment.api_s)
+
+    def _take_returns(self) -> None:
+        while self._calls and self._calls[0][0] <= self.now:
+            _, _, sim_request = heapq.heappop(self._calls)
+            self._return_call(sim_request)
+
+    def _return_call(self, sim_request: SimRequest) -> None:
+        progress = sim_request.progress
+        call = progress.segment.api
+        self.policy.predictor.observe(call)
+        self.paused_preserved.pop(sim_request.rid, None)
+        if sim_request.transfer is not None:
+            # Still being copied out: the device copy is intact, so keep it and drop the host one.
+            self.link_out.cancel(sim_request.transfer)
+            sim_request.transfer = None
+            self.host.release(sim_request.host_blocks)
+            sim_request.host_blocks = 0
+        self.trace.emit("api_end", self.now, sim_request.rid, segment=progress.segment_index,
+                        return_tokens=call.return_tokens)
+        progress.context_tokens += call.return_tokens
+        progress.segment_index += 1
+        progress.generated = 0
+        progress.api_started_s = None
+        self._start_segment(sim_request)
+        if sim_request.device_blocks:
+            where = "device"
+            sim_request.phase = Phase.RUNNING
+            self.running.append(sim_request)
+        else:
+            where = "host" if sim_request.host_blocks else "waiting"
+            sim_request.phase = Phase.SWAPPED if sim_request.host_blocks else Phase.WAITING
+            if self.policy.requeues_at_tail:
+                progress.order_s = self.now
+            sim_request.wait_since_s = self.now
+            self.queue.push(progress, self.load(), self.iteration)
+        self.trace.emit("resume", self.now, sim_request.rid, segment=progress.segment_index, where=where)
+
+    def _reconsider_paused(self) -> None:
+        if not self.paused_preserved:
+            return
+        load = self.load()
+        for sim_request in list(self.paused_preserved.values()):
+            strategy = self.policy.reconsider(sim_request.progress, load)
+            if strategy is None:
+                continue
+            del self.paused_preserved[sim_request.rid]
+            self._emit_assignment(sim_request, sim_request.progress.assignments[-1])
+            self._apply_call_strategy(sim_request, strategy)
+            sim_request.strategies_run[-1] = sim_request.progress.strategy.value
+
+    def _promote_starving(self) -> None:
+        for progress in self.queue.promote_starving(self.iteration):
+            self.trace.emit("promote", self.now, progress.request_id, counter=self.policy.starvation.threshold)
+
+    # --- scheduling -------------------------------------------------------------------
+
+    def _build_batch(self) -> tuple[list[tuple[SimRequest, int]], bool]:
+        """The iteration's batch as (request, tokens); `settled` if nothing was admitted or preempted."""
+        budget = self.cost.token_budget
+        batch: dict[str, tuple[SimRequest, int]] = {}
+        preempted = False
+        for sim_request in list(self.running):
+            if sim_request.phase is not Phase.RUNNING:
+                continue  # preempted earlier in this loop
+            if budget == 0:
+                break
+            tokens = min(sim_request.progress.pending_tokens, budget)
+            while not self._fits(sim_request, tokens):
+                victim = self._victim(sim_request)
+                preempted = True
+                if victim.rid in batch:
+                    budget += batch.pop(victim.rid)[1]
+                self._preempt(victim)
+                if victim is sim_request:
+                    break
+            if sim_request.phase is not Phase.RUNNING:
+                continue
+            self._grow(sim_request, tokens)
+            batch[sim_request.rid] = (sim_request, tokens)
+            budget -= tokens
+        admitted = False
+        if not preempted:
+            admitted = self._admit_from_queue(batch, budget)
+        return list(batch.values()), not (preempted or admitted)
+
+    def _admit_from_queue(self, batch: dict[str, tuple[SimRequest, int]], budget: int) -> bool:
+        admitted = False
+        while budget > 0:
+            progress = self.queue.pop()
+            if progress is None:
+                break
+            sim_request = self.live[progress.request_id]
+            if sim_request.phase is Phase.SWAPPED:
+                if not self._start_swap_in(sim_request):
+                    self.queue.push_back(progress)
+                    break
+                admitted = True
+                continue
+            tokens = min(progress.pending_tokens, budget)
+            if not self._fits(sim_request, tokens):
+                self.queue.push_back(progress)
+                break
+            self._grow(sim_request, tokens)
+            self._leave_queue(sim_request, tokens)
+            sim_request.phase = Phase.RUNNING
+            self.running.append(sim_request)
+            batch[sim_request.rid] = (sim_request, tokens)
+            budget -= tokens
+            admitted = True
+        return admitted
+
+    def _leave_queue(self, sim_request: SimRequest, prefill_tokens: int) -> None:
+        wait = self.now - sim_request.wait_since_s
+        sim_request.max_wait_s = max(sim_request.max_wait_s, wait)
+        progress = sim_request.progress
+        if progress.promoted:
+            progress.promoted = False
+            progress.protected_until_iteration = self.iteration + self.policy.starvation.quantum
+        self.trace.emit("admit", self.now, sim_request.rid, segment=sim_request.progress.segment_index,
+                        prefill_tokens=prefill_tokens, wait_s=wait)
+
+    def _fits(self, sim_request: SimRequest, tokens: int) -> bool:
+        needed = blocks_for(sim_request.progress.computed_tokens + tokens, self.block_tokens) - sim_request.device_blocks
+        return needed <= self.device.free
+
+    def _grow(self, sim_request: SimRequest, tokens: int) -> None:
+        needed = blocks_for(sim_request.progress.computed_tokens + tokens, self.block_tokens) - sim_request.device_blocks
+        if needed > 0:
+            self.device.allocate(needed)
+            sim_request.device_blocks += needed
+
+    def _victim(self, requester: SimRequest) -> SimRequest:
+        """The lowest-ranked running request that is not protected; the requester if none is."""
+        load = self.load()
+        candidates = [
+            r for r in self.running
+            if r.phase is Phase.RUNNING and r.progress.protected_until_iteration <= self.iteration
+        ]
+        if not candidates:
+            return requester
+        return max(candidates, key=lambda r: self.policy.victim_key(r.progress, load))
+
+    def _preempt(self, sim_request: SimRequest) -> None:
+        progress = sim_request.progress
+        self.trace.emit("preempt", self.now, sim_request.rid, segment=progress.segment_index,
+                        strategy=progress.strategy.value if progress.strategy else None,
+                        freed_blocks=sim_request.device_blocks)
+        self.device.release(sim_request.device_blocks)
+        sim_request.device_blocks = 0
+        progress.computed_tokens = 0
+        sim_request.preemptions += 1
+        sim_request.phase = Phase.WAITING
+        self.running.remove(sim_request)
+        sim_request.wait_since_s = self.now
+        self.queue.push(progress, self.load(), self.iteration)
+
+    def _start_swap_in(self, sim_request: SimRequest) -> bool:
+        blocks = sim_request.host_blocks
+        if blocks > self.device.free:
+            return False
+        self.device.allocate(blocks)
+        sim_request.device_blocks = blocks
+        self._leave_queue(sim_request, 0)
+        sim_request.phase = Phase.SWAPPING_IN
+        sim_request.transfer = self.link_in.start(sim_request, sim_request.progress.computed_tokens, blocks)
+        return True
+
+    # --- running an iteration ---------------------------------------------------------
+
+    def _run_batch(self, batch: list[tuple[SimRequest, int]], settled: bool) -> None:
+        tokens = sum(n for _, n in batch)
+        dt = self.cost.iteration_time(tokens)
+        self._tau = dt
+        iterations = 1
+        if settled and len(batch) == len(self.running) and all(
+            r.progress.pending_tokens == 1 for r, _ in batch
+        ):
+            iterations = self._identical_iterations([r for r, _ in batch], dt)
+        self.steps += 1
+        end = self.now + iterations * dt
+        if self.trace.enabled:
+            self.trace.emit("schedule", self.now, iteration=self.iteration, iterations=iterations,
+                            batch=len(batch), tokens=tokens, dt_s=dt,
+                            free_blocks=self.device.free, host_free_blocks=self.host.free)
+        finished_segment: list[SimRequest] = []
+        for sim_request, n in batch:
+            progress = sim_request.progress
+            if iterations > 1:
+                progress.computed_tokens += iterations - 1  # the first iteration's n=1 is added below
+                progress.generated += iterations - 1
+                progress.context_tokens += iterations - 1
+                self._grow(sim_request, 0)
+            progress.computed_tokens += n
+            if progress.computed_tokens == progress.context_tokens:
+                progress.generated += 1
+                progress.context_tokens += 1
+                if math.isnan(sim_request.first_token_s):
+                    sim_request.first_token_s = end
+                if progress.generated >= progress.segment.output_tokens:
+                    finished_segment.append(sim_request)
+        self.iteration += iterations
+        self._advance_links(iterations * dt)
+        self.now = end
+        for sim_request in finished_segment:
+            self._end_segment(sim_request)
+
+    def _identical_iterations(self, running: list[SimRequest], dt: float) -> int:
+        """How many decode-only iterations like this one can run before anything changes."""
+        limit = min(r.progress.segment.output_tokens - r.progress.generated for r in running)
+        seconds = self._seconds_to_next_event()
+        if seconds is not None:
+            limit = min(limit, max(math.ceil(seconds / dt - 1e-9), 1))
+        promotion = self.queue.iterations_to_next_promotion(self.iteration)
+        if promotion is not None:
+            limit = min(limit, promotion)
+        if limit <= 1:
+            return 1
+        # Decode growth must fit in the free blocks; the first iteration's blocks are taken already.
+        low, high = 1, limit
+        while low < high:
+            mid = (low + high + 1) // 2
+            extra = sum(
+                max(blocks_for(r.progress.computed_tokens + mid, self.block_tokens) - r.device_blocks, 0)
+                for r in running
+            )
+            if extra <= self.device.free:
+                low = mid
+            else:
+                high = mid - 1
+        return low
+
+    def _seconds_to_next_event(self) -> float | None:
+        """Time from now to the next arrival, call return or transfer completion."""
+        times = []
+        if self._next_arrival < len(self.pending):
+            times.append(self.pending[self._next_arrival].arrival_s - self.now)
+        if self._calls:
+            times.append(self._calls[0][0] - self.now)
+        for link in (self.link_out, self.link_in):
+            seconds = link.seconds_to_next_completion()
+            if seconds is not None:
+                times.append(seconds)
+        return max(min(times), 0.0) if times else None
+
+    def _idle_until_next_event(self) -> None:
+        seconds = self._seconds_to_next_event()
+        if seconds is None:
+            raise RuntimeError(
+                f"simulation stalled at t={self.now:.3f}s: {len(self.queue)} queued, {len(self.running)} running, "
+                f"{self.device.free}/{self.device.capacity} device blocks free"
+            )
+        self._advance_links(seconds)
+        self.now += seconds
+
+    def _advance_links(self, seconds: float) -> None:
+        for transfer in self.link_out.advance(seconds):
+            sim_request: SimRequest = transfer.owner
+            sim_request.transfer = None
+            self.device.release(sim_request.device_blocks)
+            self.trace.emit("swap_out", self.now + seconds, sim_request.rid, blocks=sim_request.device_blocks)
+            sim_request.device_blocks = 0
+        for transfer in self.link_in.advance(seconds):
+            sim_request = transfer.owner
+            sim_request.transfer = None
+            self.host.release(sim_request.host_blocks)
+            self.trace.emit("swap_in", self.now + seconds, sim_request.rid, blocks=sim_request.host_blocks)
+            sim_request.host_blocks = 0
+            sim_request.phase = Phase.RUNNING
+            self.running.append(sim_request)
+
+    # --- calls and completion ---------------------------------------------------------
+
+    def _end_segment(self, sim_request: SimRequest) -> None:
+        progress = sim_request.progress
+        self.running.remove(sim_request)
+        if progress.in_last_segment:
+            self._finish(sim_request)
+            return
+        call = progress.segment.api
+        progress.api_started_s = self.now
+        sim_request.api_end_s = self.now + call.duration_s
+        sim_request.phase = Phase.PAUSED
+        before = len(progress.assignments)
+        strategy = self.policy.strategy_at_call(progress, self.load())
+        if len(progress.assignments) > before:
+            self._emit_assignment(sim_request, progress.assignments[-1])
+        sim_request.strategies_run.append(strategy.value)
+        self._apply_call_strategy(sim_request, strategy)
+        self.trace.emit("api_start", self.now, sim_request.rid, segment=progress.segment_index,
+                        strategy=progress.strategy.value, context_tokens=progress.computed_tokens,
+                        duration_s=call.duration_s)
+        self._sequence += 1
+        heapq.heappush(self._calls, (sim_request.api_end_s, self._sequence, sim_request))
+
+    def _apply_call_strategy(self, sim_request: SimRequest, strategy: Strategy) -> None:
+        progress = sim_request.progress
+        if strategy is Strategy.SWAP and self.host.free < sim_request.device_blocks:
+            progress.assign(StrategyAssignment(progress.segment_index, Strategy.DISCARD, self.now,
+                                               progress.computed_tokens, 0.0, "host-full"))
+            self._emit_assignment(sim_request, progress.assignments[-1])
+            sim_request.strategies_run[-1] = Strategy.DISCARD.value
+            strategy = Strategy.DISCARD
+        if strategy is Strategy.PRESERVE:
+            if self.policy.reconsiders_paused:
+                self.paused_preserved[sim_request.rid] = sim_request
+        elif strategy is Strategy.DISCARD:
+            self.device.release(sim_request.device_blocks)
+            sim_request.device_blocks = 0
+            progress.computed_tokens = 0
+        else:
+            self.host.allocate(sim_request.device_blocks)
+            sim_request.host_blocks = sim_request.device_blocks
+            sim_request.transfer = self.link_out.start(sim_request, progress.computed_tokens, sim_request.device_blocks)
+
+    def _finish(self, sim_request: SimRequest) -> None:
+        progress = sim_request.progress
+        request = progress.request
+        self.device.release(sim_request.device_blocks)
+        sim_request.device_blocks = 0
+        sim_request.phase = Phase.FINISHED
+        sim_request.finish_s = self.now
+        del self.live[sim_request.rid]
+        record = RequestRecord(
+            request_id=request.request_id,
+            arrival_s=request.arrival_s,
+            first_token_s=sim_request.first_token_s,
+            finish_s=self.now,
+            api_time_s=request.api_time_s,
+            prompt_tokens=request.prompt_tokens,
+            output_tokens=request.output_tokens,
+            api_return_tokens=request.api_return_tokens,
+            preemptions=sim_request.preemptions,
+            max_wait_s=sim_request.max_wait_s,
+            isolated_e2e_s=isolated_latency(request, self.cost),
+            strategies=tuple(sim_request.strategies_run),
+        )
+        self.records.append(record)
+        self.trace.emit("finish", self.now, sim_request.rid, e2e_s=record.e2e_s, ttft_s=record.ttft_s)
+
+    # --- invariants (for tests and audits) ------------------------------------------
+
+    def check_invariants(self) -> None:
+        device = sum(r.device_blocks for r in self.live.values())
+        host = sum(r.host_blocks for r in self.live.values())
+        if device != self.device.used or host != self.host.used:
+            raise AssertionError(
+                f"block accounting: device {self.device.used} in use vs {device} held; host {self.host.used} vs {host}"
+            )
+        if not (0 <= self.device.used <= self.device.capacity and 0 <= self.host.used <= self.host.capacity):
+            raise AssertionError("block pool outside its capacity")
+        for r in self.live.values():
+            p = r.progress
+            if r.device_blocks and blocks_for(p.computed_tokens, self.block_tokens) > r.device_blocks:
+                raise AssertionError(f"{r.rid}: {p.computed_tokens} computed tokens in {r.device_blocks} blocks")

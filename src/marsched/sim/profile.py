@@ -1,0 +1,98 @@
+"""Hardware/model profiles: data files in `profiles/`, each constant with its source."""
+
+from __future__ import annotations
+
+import json
+import math
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+
+from marsched.policy.cost_model import CostModel
+
+_GB = 1e9
+
+
+@dataclass(frozen=True, slots=True)
+class Profile:
+    name: str
+    description: str
+    kv_bytes_per_token: float  # on the whole engine (all tensor-parallel GPUs together)
+    device_blocks: int
+    host_blocks: int
+    block_tokens: int
+    cost: CostModel
+
+    @property
+    def device_tokens(self) -> int:
+        return self.device_blocks * self.block_tokens
+
+    @property
+    def host_tokens(self) -> int:
+        return self.host_blocks * self.block_tokens
+
+
+def profile_names() -> list[str]:
+    folder = resources.files("marsched.sim") / "profiles"
+    return sorted(p.name.removesuffix(".json") for p in folder.iterdir() if p.name.endswith(".json"))
+
+
+def load_profile(name_or_path: str) -> Profile:
+    """A bundled profile by name, or a profile JSON file by path."""
+    path = Path(name_or_path)
+    if path.suffix == ".json" and path.exists():
+        text, origin = path.read_text(), str(path)
+    else:
+        names = profile_names()
+        if name_or_path not in names:
+            raise ValueError(f"unknown profile {name_or_path!r}; valid: {', '.join(names)} (or a path to a .json profile)")
+        entry = resources.files("marsched.sim") / "profiles" / f"{name_or_path}.json"
+        text, origin = entry.read_text(), f"profile {name_or_path}"
+    try:
+        data = json.loads(text)
+    except json.JSONDecodeError as error:
+        raise ValueError(f"{origin}: not valid JSON ({error})") from None
+    return profile_from_dict(data, origin)
+
+
+def _number(data: dict, key: str, origin: str, positive: bool = True) -> float:
+    value = data.get(key)
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+        raise ValueError(f"{origin}: field {key!r} must be a number, got {value!r}")
+    if positive and value <= 0:
+        raise ValueError(f"{origin}: field {key!r} must be > 0, got {value!r}")
+    return float(value)
+
+
+def profile_from_dict(data: dict, origin: str) -> Profile:
+    if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
+        raise ValueError(f"{origin}: a profile is an object with a 'model' object")
+    model = data["model"]
+    model_origin = f"{origin} model"
+    layers = _number(model, "layers", model_origin)
+    kv_hidden = _number(model, "kv_hidden_size", model_origin)
+    dtype_bytes = _number(model, "dtype_bytes", model_origin)
+    parameters = _number(model, "parameters", model_origin)
+    gpus = _number(data, "gpus", origin)
+    kv_bytes_per_token = 2 * layers * kv_hidden * dtype_bytes  # K and V, every layer
+    usable_bytes = gpus * _number(data, "gpu_memory_gb", origin) * _GB * _number(data, "gpu_memory_utilization", origin)
+    kv_bytes = usable_bytes - parameters * dtype_bytes
+    if kv_bytes <= 0:
+        raise ValueError(f"{origin}: the model's weights do not leave room for a KV cache")
+    block_tokens = int(_number(data, "block_tokens", origin))
+    link_bytes_per_s = _number(data, "link_gb_per_s", origin) * _GB
+    cost = CostModel(
+        seconds_per_token=_number(data, "iteration_ms_per_token", origin) / 1000,
+        seconds_per_iteration=_number(data, "iteration_ms_fixed", origin) / 1000,
+        token_budget=int(_number(data, "token_budget", origin)),
+        swap_tokens_per_s=link_bytes_per_s / kv_bytes_per_token,
+    )
+    return Profile(
+        name=str(data.get("name", origin)),
+        description=str(data.get("description", "")),
+        kv_bytes_per_token=kv_bytes_per_token,
+        device_blocks=int(kv_bytes // (kv_bytes_per_token * block_tokens)),
+        host_blocks=int(_number(data, "host_swap_gb", origin, positive=False) * _GB // (kv_bytes_per_token * block_tokens)),
+        block_tokens=block_tokens,
+        cost=cost,
+    )

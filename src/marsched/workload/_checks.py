@@ -1,0 +1,69 @@
+"""Checks shared by the trace loaders: reading the file, repeated keys, and the types of count and time fields."""
+
+from __future__ import annotations
+
+import math
+import os
+from pathlib import Path
+
+Source = str | os.PathLike[str]  # a trace's path, or a label for content not read from a file
+
+from marsched.workload.errors import TraceError, describe
+
+
+def read_trace_bytes(path: str | os.PathLike[str]) -> bytes:
+    """The file's bytes, or a TraceError that says why there are none."""
+    file = Path(path)
+    if not file.exists():
+        raise TraceError(path, "file", None, "no such file")
+    if file.is_dir():
+        raise TraceError(path, "file", None, "is a directory, not a trace file")
+    try:
+        return file.read_bytes()
+    except OSError as error:
+        raise TraceError(path, "file", None, f"cannot be read: {error.strerror or error}") from error
+
+
+def decode_utf8(data: bytes | str, source: Source) -> str:
+    if isinstance(data, str):
+        return data
+    try:
+        return data.decode("utf-8-sig")  # a BOM is harmless; editors on Windows add one
+    except UnicodeDecodeError as error:
+        raise TraceError(source, "file", None, f"not UTF-8 text (byte {error.start})") from error
+
+
+class DuplicateKey(Exception):
+    def __init__(self, key: str) -> None:
+        super().__init__(key)
+        self.key = key
+
+
+def no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
+    """A json `object_pairs_hook`: json.loads would keep the last of two equal keys and lose the first silently."""
+    result: dict[str, object] = {}
+    for key, value in pairs:
+        if key in result:
+            raise DuplicateKey(key)
+        result[key] = value
+    return result
+
+
+def require_count(value: object, source: Source, record: str, field: str) -> int:
+    """A token count: a JSON integer >= 0 (a bool is not an integer here, nor is 3.0)."""
+    if isinstance(value, bool) or not isinstance(value, int) or value < 0:
+        raise TraceError(source, record, field, f"must be a non-negative integer, got {describe(value)}")
+    return value
+
+
+def require_seconds(value: object, source: Source, record: str, field: str) -> float:
+    """A duration or instant: a finite JSON number >= 0."""
+    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value) or value < 0:
+        raise TraceError(source, record, field, f"must be a finite number of seconds >= 0, got {describe(value)}")
+    return float(value)
+
+
+def require_text(value: object, source: Source, record: str, field: str) -> str:
+    if not isinstance(value, str):
+        raise TraceError(source, record, field, f"must be a string, got {describe(value)}")
+    return value

@@ -1,0 +1,174 @@
+"""marsched's own trace format: JSON Lines, one request per line, lengths in tokens.
+
+    {"id": "r1", "arrival_s": 0.0, "prompt_tokens": 392, "segments": [{"output_tokens": 127, "api": {"type": "math", "duration_s": 0.0001, "return_tokens": 21}}, {"output_tokens": 47}]}
+
+Request keys: ``id`` (non-empty string, unique in the file), ``prompt_tokens`` (integer >= 0),
+``segments`` (non-empty list), and optionally ``arrival_s`` (seconds >= 0, default 0) and
+``template_id`` (string: the request this one was sampled from). Segment keys:
+``output_tokens`` (integer >= 0) and, on every segment but the last, ``api`` with ``type``
+(one of the `ApiType` values: math, qa, ve, chatbot, tts, image, other), ``duration_s``
+(seconds >= 0) and ``return_tokens`` (integer >= 0). Contexts are not stored: segment i+1
+starts from segment i's context + output + API return. Unknown keys are errors, so that a
+misspelt optional key is not silently ignored. Blank lines are skipped; requests keep the
+file's order. The full description, with examples, is docs/trace-format.md.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import secrets
+from collections.abc import Iterable
+from dataclasses import replace
+from pathlib import Path
+
+from marsched.workload._checks import (
+    DuplicateKey,
+    Source,
+    decode_utf8,
+    no_duplicate_keys,
+    read_trace_bytes,
+    require_count,
+    require_seconds,
+    require_text,
+)
+from marsched.workload.errors import TraceError, describe
+from marsched.workload.model import ApiCall, ApiType, Request, build_request
+
+_REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "segments", "template_id"}
+_SEGMENT_KEYS = {"output_tokens", "api"}
+_API_KEYS = {"type", "duration_s", "return_tokens"}
+_API_TYPES = {t.value: t for t in ApiType}
+
+
+def load_jsonl(path: str | os.PathLike[str]) -> list[Request]:
+    """Read a JSONL trace; raises TraceError naming file, line, request id and field."""
+    return parse_jsonl(read_trace_bytes(path), source=path)
+
+
+def parse_jsonl(data: bytes | str, source: Source) -> list[Request]:
+    """Parse JSONL content; `source` names it in errors."""
+    requests: list[Request] = []
+    first_line: dict[str, int] = {}
+    for number, line in enumerate(decode_utf8(data, source).splitlines(), start=1):
+        if not line.strip():
+            continue
+        request = _parse_line(line, number, source)
+        if request.request_id in first_line:
+            raise TraceError(
+                source,
+                f"line {number} (request {request.request_id!r})",
+                "id",
+                f"repeats the id of line {first_line[request.request_id]}",
+            )
+        first_line[request.request_id] = number
+        requests.append(request)
+    if not requests:
+        raise TraceError(source, "file", None, "contains no requests")
+    return requests
+
+
+def request_to_record(request: Request) -> dict:
+    """The JSON object of one line."""
+    record: dict = {"id": request.request_id, "arrival_s": request.arrival_s, "prompt_tokens": request.prompt_tokens}
+    if request.template_id:
+        record["template_id"] = request.template_id
+    segments = []
+    for segment in request.segments:
+        item: dict = {"output_tokens": segment.output_tokens}
+        if segment.api is not None:
+            item["api"] = {
+                "type": segment.api.api_type.value,
+                "duration_s": segment.api.duration_s,
+                "return_tokens": segment.api.return_tokens,
+            }
+        segments.append(item)
+    record["segments"] = segments
+    return record
+
+
+def save_jsonl(requests: Iterable[Request], path: str | os.PathLike[str]) -> Path:
+    """Write `requests` as JSONL, atomically: the file is either the old one or complete, never partial."""
+    requests = list(requests)
+    seen: set[str] = set()
+    for request in requests:
+        if not request.request_id or request.request_id in seen:
+            raise ValueError(f"save_jsonl: request id {request.request_id!r} is empty or repeated; the file would not load")
+        seen.add(request.request_id)
+    # Serialize first: an unserializable value fails before anything touches the disk.
+    text = "".join(json.dumps(request_to_record(r), allow_nan=False) + "\n" for r in requests)
+    target = Path(path)
+    temporary = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
+    # os.open with 0o666 lets the umask decide the final mode, as for any ordinary new file.
+    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
+    try:
+        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
+            file.write(text)
+            file.flush()
+            os.fsync(file.fileno())
+        os.replace(temporary, target)
+    except BaseException:
+        temporary.unlink(missing_ok=True)
+        raise
+    return target
+
+
+def _parse_line(line: str, number: int, source: Source) -> Request:
+    where = f"line {number}"
+    try:
+        record = json.loads(line, object_pairs_hook=no_duplicate_keys)
+    except DuplicateKey as duplicate:
+        raise TraceError(source, where, duplicate.key, "appears twice in one JSON object") from None
+    except json.JSONDecodeError as error:
+        raise TraceError(source, where, None, f"not valid JSON: {error.msg} (column {error.colno})") from None
+    if not isinstance(record, dict):
+        raise TraceError(source, where, None, f"must be a JSON object, got {describe(record)}")
+    request_id = record.get("id")
+    if not isinstance(request_id, str) or not request_id:
+        raise TraceError(source, where, "id", f"must be a non-empty string, got {describe(request_id)}")
+    where = f"line {number} (request {request_id!r})"
+    _reject_unknown(record, _REQUEST_KEYS, source, where)
+    arrival_s = require_seconds(record.get("arrival_s", 0.0), source, where, "arrival_s")
+    template_id = require_text(record.get("template_id", ""), source, where, "template_id")
+    prompt_tokens = require_count(_required(record, "prompt_tokens", source, where), source, where, "prompt_tokens")
+    segments = _required(record, "segments", source, where)
+    if not isinstance(segments, list) or not segments:
+        raise TraceError(source, where, "segments", f"must be a non-empty list, got {describe(segments)}")
+    parts = [
+        _parse_segment(segment, index == len(segments) - 1, source, f"{where} segment {index}")
+        for index, segment in enumerate(segments)
+    ]
+    return replace(build_request(request_id, prompt_tokens, parts, arrival_s), template_id=template_id)
+
+
+def _parse_segment(segment: object, last: bool, source: Source, where: str) -> tuple[int, ApiCall | None]:
+    if not isinstance(segment, dict):
+        raise TraceError(source, where, None, f"must be a JSON object, got {describe(segment)}")
+    _reject_unknown(segment, _SEGMENT_KEYS, source, where)
+    output_tokens = require_count(_required(segment, "output_tokens", source, where), source, where, "output_tokens")
+    if last:
+        if "api" in segment:
+            raise TraceError(source, where, "api", "the last segment cannot have an API call")
+        return output_tokens, None
+    api = _required(segment, "api", source, where)
+    if not isinstance(api, dict):
+        raise TraceError(source, where, "api", f"must be a JSON object, got {describe(api)}")
+    _reject_unknown(api, _API_KEYS, source, where, prefix="api.")
+    api_type = _required(api, "type", source, where, prefix="api.")
+    if not isinstance(api_type, str) or api_type not in _API_TYPES:
+        raise TraceError(source, where, "api.type", f"must be one of {', '.join(_API_TYPES)}, got {describe(api_type)}")
+    duration_s = require_seconds(_required(api, "duration_s", source, where, "api."), source, where, "api.duration_s")
+    return_tokens = require_count(_required(api, "return_tokens", source, where, "api."), source, where, "api.return_tokens")
+    return output_tokens, ApiCall(_API_TYPES[api_type], duration_s, return_tokens)
+
+
+def _required(record: dict, key: str, source: Source, where: str, prefix: str = "") -> object:
+    if key not in record:
+        raise TraceError(source, where, prefix + key, "missing")
+    return record[key]
+
+
+def _reject_unknown(record: dict, known: set[str], source: Source, where: str, prefix: str = "") -> None:
+    unknown = sorted(set(record) - known)
+    if unknown:
+        raise TraceError(source, where, prefix + unknown[0], f"unknown key (expected {', '.join(sorted(known))})")

@@ -1,0 +1,103 @@
+"""The augmented-request domain model: requests made of segments split by API calls."""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field, replace
+from enum import Enum
+
+
+class ApiType(str, Enum):
+    """The augmentation behind an API call (the six of the INFERCEPT mixture, plus a catch-all)."""
+
+    MATH = "math"
+    QA = "qa"
+    VE = "ve"
+    CHATBOT = "chatbot"
+    TTS = "tts"
+    IMAGE = "image"
+    OTHER = "other"
+
+
+@dataclass(frozen=True, slots=True)
+class ApiCall:
+    """One external call that ends a segment."""
+
+    api_type: ApiType
+    duration_s: float
+    return_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
+class Segment:
+    """A stretch of generation: `context_tokens` at its start, `output_tokens` generated, then `api` (or the end)."""
+
+    context_tokens: int
+    output_tokens: int
+    api: ApiCall | None = None
+
+    @property
+    def context_at_call(self) -> int:
+        return self.context_tokens + self.output_tokens
+
+
+@dataclass(frozen=True, slots=True)
+class Request:
+    """An augmented request. Every segment but the last ends with an API call."""
+
+    request_id: str
+    segments: tuple[Segment, ...]
+    arrival_s: float = 0.0
+    template_id: str = field(default="", compare=False)
+
+    @property
+    def prompt_tokens(self) -> int:
+        return self.segments[0].context_tokens
+
+    @property
+    def num_calls(self) -> int:
+        return len(self.segments) - 1
+
+    @property
+    def output_tokens(self) -> int:
+        return sum(s.output_tokens for s in self.segments)
+
+    @property
+    def api_time_s(self) -> float:
+        return sum(s.api.duration_s for s in self.segments if s.api is not None)
+
+    @property
+    def api_return_tokens(self) -> int:
+        return sum(s.api.return_tokens for s in self.segments if s.api is not None)
+
+    @property
+    def final_context_tokens(self) -> int:
+        return self.segments[-1].context_at_call
+
+    def arriving_at(self, arrival_s: float, request_id: str) -> "Request":
+        """This request's shape under a new id and arrival time (trace sampling reuses templates)."""
+        return replace(self, request_id=request_id, arrival_s=arrival_s, template_id=self.template_id or self.request_id)
+
+
+def build_request(
+    request_id: str,
+    prompt_tokens: int,
+    parts: list[tuple[int, ApiCall | None]],
+    arrival_s: float = 0.0,
+) -> Request:
+    """Build a request from its prompt and (output tokens, call) per segment; contexts accumulate.
+
+    The context of segment i+1 is the context of segment i, plus its output, plus the call's return.
+    """
+    if not parts:
+        raise ValueError(f"request {request_id!r}: no segments")
+    segments = []
+    context = prompt_tokens
+    for index, (output_tokens, api) in enumerate(parts):
+        last = index == len(parts) - 1
+        if last and api is not None:
+            raise ValueError(f"request {request_id!r}: the last segment cannot end with an API call")
+        if not last and api is None:
+            raise ValueError(f"request {request_id!r}: segment {index} has no API call but is not the last")
+        segments.append(Segment(context, output_tokens, api))
+        context += output_tokens + (api.return_tokens if api else 0)
+    return Request(request_id, tuple(segments), arrival_s)
