@@ -59,7 +59,8 @@ class Policy:
     predictor: SegmentPredictor
     fixed_strategy: Strategy | None = None
     starvation: StarvationConfig = field(default_factory=lambda: StarvationConfig(threshold=None))
-    refresh_interval: int = 1  # recompute queue keys every k iterations
+    refresh_interval: int = 1  # recompute queue keys every k iterations...
+    refresh_tolerance: float = 0.05  # ...when the load they follow moved by more than this fraction
     terms: RankingTerms = field(default_factory=RankingTerms)
 
     def __post_init__(self) -> None:
@@ -97,7 +98,8 @@ class Policy:
         elif self.rule is StrategyRule.AHEAD:
             prediction = progress.predictions[index]
             context = progress.segment.context_tokens + prediction.output_tokens
-            strategy = self._cheapest(context, prediction.api_duration_s, load)
+            # Ahead of time the host's room at the call is unknown: the engine falls back if it is full.
+            strategy = self._cheapest(context, prediction.api_duration_s, load, swap_allowed=True)
             progress.assign(
                 StrategyAssignment(index, strategy, load.now_s, context, prediction.api_duration_s, "ahead")
             )
@@ -129,9 +131,22 @@ class Policy:
         )
         return strategy
 
-    def _cheapest(self, context_tokens: int, api_s: float, load: EngineLoad) -> Strategy:
+    def host_full_fallback(self, progress: RequestProgress, load: EngineLoad) -> Strategy:
+        """The call was to swap but host memory has no room: the cheaper of preserve and discard."""
+        index = progress.segment_index
+        if self.rule is StrategyRule.AT_CALL:
+            api_s = progress.segment.api.duration_s - (load.now_s - progress.api_started_s)
+        else:
+            api_s = progress.predictions[index].api_duration_s
+        strategy = self._cheapest(progress.computed_tokens, api_s, load, swap_allowed=False)
+        progress.assign(StrategyAssignment(index, strategy, load.now_s, progress.computed_tokens, api_s, "host-full"))
+        return strategy
+
+    def _cheapest(self, context_tokens: int, api_s: float, load: EngineLoad, swap_allowed: bool | None = None) -> Strategy:
         wastes = call_wastes(context_tokens, api_s, load.running_kv_tokens, self.cost)
-        return cheapest(wastes, swap_allowed=load.host_free_tokens >= context_tokens)
+        if swap_allowed is None:
+            swap_allowed = load.host_free_tokens >= context_tokens
+        return cheapest(wastes, swap_allowed=swap_allowed)
 
     # --- order ------------------------------------------------------------------------
 
@@ -184,4 +199,4 @@ class Policy:
             return self.fixed_strategy
         if self.rule is StrategyRule.END_AT_CALL:
             return Strategy.DISCARD
-        return self._cheapest(context_tokens, api_s, load)
+        return self._cheapest(context_tokens, api_s, load, swap_allowed=True)

@@ -126,10 +126,16 @@ class WaitingQueue:
     # --- keys -------------------------------------------------------------------------
 
     def refresh(self, load: EngineLoad, iteration: int) -> bool:
-        """Recompute keys if the order follows load and the interval has passed; True if it did."""
+        """Recompute keys if the order follows load, the interval has passed and the load moved
+        beyond the policy's tolerance since the last refresh; True if it did."""
         if not self.policy.keys_follow_load or iteration - self._last_refresh < self.policy.refresh_interval:
             return False
+        if self._refreshed_at_s is not None:
+            change = abs(load.iteration_s - self._refreshed_at_s) / self._refreshed_at_s
+            if change <= self.policy.refresh_tolerance:
+                return False
         self._last_refresh = iteration
+        self._refreshed_at_s = load.iteration_s
         self._heap = []
         for entry in self._entries.values():
             if not entry.promoted:
@@ -160,3 +166,4 @@ class WaitingQueue:
         return None
 
     _popped: _Entry | None = None
+    _refreshed_at_s: float | None = None  # the iteration time the keys were last computed with

@@ -37,6 +37,9 @@ from marsched.sim.profile import Profile
 from marsched.workload.model import Request
 
 
+_TAU_KEEP = 0.99  # τ, the iteration time rankings use, is a moving average over about 100 iterations
+
+
 class Phase(str, Enum):
     WAITING = "waiting"  # in the queue, needs prefill (new, preempted or discarded)
     RUNNING = "running"
@@ -350,7 +353,6 @@ class Simulator:
     def _run_batch(self, batch: list[tuple[SimRequest, int]], settled: bool) -> None:
         tokens = sum(n for _, n in batch)
         dt = self.cost.iteration_time(tokens)
-        self._tau = dt
         iterations = 1
         if settled and len(batch) == len(self.running) and all(
             r.progress.pending_tokens == 1 for r, _ in batch
@@ -379,6 +381,7 @@ class Simulator:
                 if progress.generated >= progress.segment.output_tokens:
                     finished_segment.append(sim_request)
         self.iteration += iterations
+        self._tau += (dt - self._tau) * (1 - _TAU_KEEP**iterations)
         self._advance_links(iterations * dt)
         self.now = end
         for sim_request in finished_segment:
@@ -475,19 +478,16 @@ class Simulator:
     def _apply_call_strategy(self, sim_request: SimRequest, strategy: Strategy) -> None:
         progress = sim_request.progress
         if strategy is Strategy.SWAP and self.host.free < sim_request.device_blocks:
-            progress.assign(StrategyAssignment(progress.segment_index, Strategy.DISCARD, self.now,
-                                               progress.computed_tokens, 0.0, "host-full"))
+            strategy = self.policy.host_full_fallback(progress, self.load())
             self._emit_assignment(sim_request, progress.assignments[-1])
-            sim_request.strategies_run[-1] = Strategy.DISCARD.value
-            strategy = Strategy.DISCARD
-        if strategy is Strategy.PRESERVE:
-            if self.policy.reconsiders_paused:
-                self.paused_preserved[sim_request.rid] = sim_request
-        elif strategy is Strategy.DISCARD:
+            sim_request.strategies_run[-1] = strategy.value
+        if strategy is Strategy.PRESERVE and self.policy.reconsiders_paused:
+            self.paused_preserved[sim_request.rid] = sim_request
+        if strategy is Strategy.DISCARD:
             self.device.release(sim_request.device_blocks)
             sim_request.device_blocks = 0
             progress.computed_tokens = 0
-        else:
+        elif strategy is Strategy.SWAP:
             self.host.allocate(sim_request.device_blocks)
             sim_request.host_blocks = sim_request.device_blocks
             sim_request.transfer = self.link_out.start(sim_request, progress.computed_tokens, sim_request.device_blocks)

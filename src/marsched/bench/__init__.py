@@ -1,0 +1,1 @@
+"""Experiment runner and reports."""
