@@ -33,6 +33,7 @@ class RequestProgress:
     strategy: Strategy | None = None
     assignments: list[StrategyAssignment] = field(default_factory=list)
     api_started_s: float | None = None
+    waited_iterations: int = 0  # starvation counter carried while out of the queue (kept across preemption)
     promoted: bool = False  # starvation prevention moved it ahead of the queue's order
     protected_until_iteration: int = -1  # starvation quantum: not a preemption victim before this
 

@@ -4,10 +4,12 @@ Keys are cached at entry and recomputed every `refresh_interval` iterations for 
 that follow the engine's load (a heapify: O(n), not a sort). Between refreshes,
 pushing and popping cost O(log n).
 
-Starvation counters are kept lazily: a request's counter is the number of iterations
-since it entered the queue (or was last promoted), so one deque in entry order finds
-every request that reached the threshold in O(1) amortized per iteration. A promoted
-request goes ahead of key order, in promotion order, until it is scheduled.
+Starvation counters are kept lazily: a request's counter is the number of iterations it
+has spent in the queue since it arrived or was last promoted, across preemptions
+(`RequestProgress.waited_iterations` carries the count while it is out of the queue).
+A heap ordered by the iteration each count started at finds every request that reached
+the threshold in O(log n) per promotion. A promoted request goes ahead of key order,
+in promotion order, until it is scheduled.
 """
 
 from __future__ import annotations
@@ -37,7 +39,7 @@ class WaitingQueue:
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _heap: list[tuple[float, int, _Entry]] = field(default_factory=list)
     _promoted: deque[_Entry] = field(default_factory=deque)
-    _by_entry: deque[_Entry] = field(default_factory=deque)
+    _by_start: list[tuple[int, int, _Entry]] = field(default_factory=list)  # heap of (counter start, seq, entry)
     _sequence: int = 0
     _last_refresh: int = -1
 
@@ -50,10 +52,10 @@ class WaitingQueue:
     def push(self, progress: RequestProgress, load: EngineLoad, iteration: int) -> None:
         if progress.request_id in self._entries:
             raise ValueError(f"request {progress.request_id!r} is already waiting")
-        entry = _Entry(progress, self.policy.queue_key(progress, load), iteration)
+        entry = _Entry(progress, self.policy.queue_key(progress, load), iteration - progress.waited_iterations)
         self._entries[progress.request_id] = entry
         self._push_heap(entry)
-        self._by_entry.append(entry)
+        heapq.heappush(self._by_start, (entry.since_iteration, self._next_sequence(), entry))
 
     def push_back(self, progress: RequestProgress) -> None:
         """Return a request just popped and not scheduled to where it was (its counter keeps running)."""
@@ -63,24 +65,28 @@ class WaitingQueue:
         self._popped = None
         entry.live = True
         self._entries[progress.request_id] = entry
+        progress.waited_iterations = 0
         if entry.promoted:
             self._promoted.appendleft(entry)
         else:
             self._push_heap(entry)
 
-    def pop(self) -> RequestProgress | None:
+    def pop(self, iteration: int) -> RequestProgress | None:
         """The next request in order (promoted first), removed from the queue."""
         entry = self._pop_promoted() or self._pop_heap()
         self._popped = entry
         if entry is None:
             return None
-        entry.live = False
-        del self._entries[entry.progress.request_id]
+        self._leave(entry, iteration)
         return entry.progress
 
-    def remove(self, request_id: str) -> None:
-        entry = self._entries.pop(request_id)
+    def remove(self, request_id: str, iteration: int) -> None:
+        self._leave(self._entries[request_id], iteration)
+
+    def _leave(self, entry: _Entry, iteration: int) -> None:
         entry.live = False
+        del self._entries[entry.progress.request_id]
+        entry.progress.waited_iterations = iteration - entry.since_iteration
 
     def ordered(self) -> Iterator[RequestProgress]:
         """All waiting requests in order, without removing them (O(n log n): for tests and reports)."""
@@ -99,14 +105,14 @@ class WaitingQueue:
         promoted: list[RequestProgress] = []
         if threshold is None:
             return promoted
-        while self._by_entry:
-            entry = self._by_entry[0]
+        while self._by_start:
+            _, _, entry = self._by_start[0]
             if not entry.live or entry.promoted:
-                self._by_entry.popleft()
+                heapq.heappop(self._by_start)
                 continue
             if iteration - entry.since_iteration < threshold:
                 break
-            self._by_entry.popleft()
+            heapq.heappop(self._by_start)
             entry.promoted = True
             entry.progress.promoted = True
             entry.since_iteration = iteration  # the counter resets at promotion
@@ -118,10 +124,11 @@ class WaitingQueue:
         threshold = self.policy.starvation.threshold
         if threshold is None:
             return None
-        for entry in self._by_entry:
-            if entry.live and not entry.promoted:
-                return max(entry.since_iteration + threshold - iteration, 1)
-        return None
+        while self._by_start and (not self._by_start[0][2].live or self._by_start[0][2].promoted):
+            heapq.heappop(self._by_start)
+        if not self._by_start:
+            return None
+        return max(self._by_start[0][0] + threshold - iteration, 1)
 
     # --- keys -------------------------------------------------------------------------
 

@@ -269,7 +269,7 @@ class Simulator:
     def _admit_from_queue(self, batch: dict[str, tuple[SimRequest, int]], budget: int) -> bool:
         admitted = False
         while budget > 0:
-            progress = self.queue.pop()
+            progress = self.queue.pop(self.iteration)
             if progress is None:
                 break
             sim_request = self.live[progress.request_id]
@@ -371,7 +371,7 @@ class Simulator:
                 progress.computed_tokens += iterations - 1  # the first iteration's n=1 is added below
                 progress.generated += iterations - 1
                 progress.context_tokens += iterations - 1
-                self._grow(sim_request, 0)
+                self._grow(sim_request, n)
             progress.computed_tokens += n
             if progress.computed_tokens == progress.context_tokens:
                 progress.generated += 1

@@ -1,0 +1,108 @@
+"""How the policy and its parameters reach the scheduler in vLLM's engine-core process.
+
+The scheduler is built by vLLM inside the EngineCore process, from a `VllmConfig`
+that vLLM serializes there. Our settings travel in that config, under
+`VllmConfig.additional_config["marsched"]` (CLI: `--additional-config`), as a plain
+JSON object. The environment variable `MARSCHED_CONFIG` (a JSON object) is read as
+a fallback when `additional_config` has no `marsched` entry.
+
+This module does not import vllm.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import asdict, dataclass, field, fields
+from typing import Any
+
+from marsched.policy import CostModel, Policy, make_policy, parse_threshold
+from marsched.predict import SegmentPredictor, parse_api_estimator, parse_length_predictor
+
+CONFIG_KEY = "marsched"
+ENV_VAR = "MARSCHED_CONFIG"
+
+
+@dataclass(frozen=True, slots=True)
+class CostSettings:
+    """The cost model the policy decides with (`marsched.policy.CostModel`).
+
+    Defaults are placeholders of the right order for a small model on one CPU socket;
+    measure your engine and set them. `token_budget=0` takes vLLM's
+    `max_num_batched_tokens`.
+    """
+
+    seconds_per_token: float = 2e-5
+    seconds_per_iteration: float = 0.01
+    token_budget: int = 0
+    swap_tokens_per_s: float = 1e6
+
+
+@dataclass(frozen=True, slots=True)
+class MarsConfig:
+    policy: str = "mars"  # mars, infercept, vllm, sjf, preserve, discard, swap
+    starvation_threshold: int | str | None = "default"  # iterations, "off", or the policy's default
+    starvation_quantum: int = 100_000
+    refresh_interval: int = 1
+    predictor: str = "oracle"  # output-length predictor: oracle | noisy:SIGMA
+    api_estimator: str = "type-mean"  # oracle | type-mean (updated with observed call times)
+    seed: int = 0
+    trace_path: str | None = None  # JSONL event trace written by the scheduler
+    host_swap_tokens: int = 1 << 22  # host memory for swapped KV, in tokens
+    allow_request_strategy: bool = True  # honour a per-request strategy override (tests, benches)
+    cost: CostSettings = field(default_factory=CostSettings)
+
+    def __post_init__(self) -> None:
+        # Validate early, in the caller's process, with a clear message.
+        self.build_policy(token_budget=1)
+
+    # --- (de)serialization --------------------------------------------------------
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "MarsConfig":
+        known = {f.name for f in fields(cls)}
+        unknown = set(data) - known
+        if unknown:
+            raise ValueError(f"marsched config: unknown keys {sorted(unknown)}; valid: {sorted(known)}")
+        data = dict(data)
+        if isinstance(data.get("cost"), dict):
+            data["cost"] = CostSettings(**data["cost"])
+        return cls(**data)
+
+    @classmethod
+    def from_vllm_config(cls, vllm_config: Any) -> "MarsConfig":
+        extra = getattr(vllm_config, "additional_config", None) or {}
+        if isinstance(extra, dict) and CONFIG_KEY in extra:
+            return cls.from_dict(extra[CONFIG_KEY])
+        env = os.environ.get(ENV_VAR)
+        if env:
+            return cls.from_dict(json.loads(env))
+        return cls()
+
+    def additional_config(self) -> dict[str, Any]:
+        """The value to pass as vLLM's `additional_config`."""
+        return {CONFIG_KEY: self.to_dict()}
+
+    # --- the policy ---------------------------------------------------------------
+
+    def cost_model(self, token_budget: int) -> CostModel:
+        c = self.cost
+        return CostModel(c.seconds_per_token, c.seconds_per_iteration, c.token_budget or token_budget, c.swap_tokens_per_s)
+
+    def build_policy(self, token_budget: int) -> Policy:
+        predictor = SegmentPredictor(parse_length_predictor(self.predictor, self.seed), parse_api_estimator(self.api_estimator))
+        kwargs: dict[str, Any] = {}
+        if self.starvation_threshold != "default":
+            t = self.starvation_threshold
+            kwargs["starvation_threshold"] = parse_threshold(str(t)) if t is not None else None
+        return make_policy(
+            self.policy,
+            self.cost_model(token_budget),
+            predictor=predictor,
+            starvation_quantum=self.starvation_quantum,
+            refresh_interval=self.refresh_interval,
+            **kwargs,
+        )

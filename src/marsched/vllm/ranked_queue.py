@@ -1,0 +1,109 @@
+"""A vLLM `RequestQueue` whose order is `marsched.policy.WaitingQueue`'s.
+
+vLLM's scheduler reads its waiting queue with `peek_request` and then
+`pop_request` (or leaves the head in place when it does not fit). `WaitingQueue`
+has `pop` and `push_back`, so a peek pops the head and holds it; any other
+operation puts the held request back first (`push_back`, so its starvation
+counter keeps running). Prepending (vLLM's path for preempted and skipped
+requests) is an ordinary push: in a ranked queue the rank decides.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, Iterable, Iterator
+
+from vllm.v1.core.sched.request_queue import RequestQueue
+from vllm.v1.request import Request
+
+from marsched.policy import EngineLoad, Policy, RequestProgress, WaitingQueue
+
+
+class RankedRequestQueue(RequestQueue):
+    def __init__(
+        self,
+        policy: Policy,
+        progress_of: Callable[[Request], RequestProgress],
+        load: Callable[[], EngineLoad],
+        iteration: Callable[[], int],
+    ) -> None:
+        self.queue = WaitingQueue(policy)
+        self._progress_of = progress_of
+        self._load = load
+        self._iteration = iteration
+        self._requests: dict[str, Request] = {}
+        self._held: Request | None = None
+
+    # --- the scheduler's per-iteration calls ----------------------------------------
+
+    def promote_starving(self, iteration: int) -> list[RequestProgress]:
+        self._unhold()
+        return self.queue.promote_starving(iteration)
+
+    def refresh(self, load: EngineLoad, iteration: int) -> bool:
+        self._unhold()
+        return self.queue.refresh(load, iteration)
+
+    def starvation_counter(self, request_id: str) -> int:
+        return self.queue.starvation_counter(request_id, self._iteration())
+
+    # --- RequestQueue -----------------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        self._unhold()
+        self.queue.push(self._progress_of(request), self._load(), self._iteration())
+        self._requests[request.request_id] = request
+
+    def prepend_request(self, request: Request) -> None:
+        self.add_request(request)
+
+    def prepend_requests(self, requests: Iterable[Request]) -> None:
+        for request in requests:
+            self.add_request(request)
+
+    def peek_request(self) -> Request:
+        if self._held is None:
+            progress = self.queue.pop()
+            if progress is None:
+                raise IndexError("peek from an empty queue")
+            self._held = self._requests[progress.request_id]
+        return self._held
+
+    def pop_request(self) -> Request:
+        request = self.peek_request()
+        self._held = None
+        del self._requests[request.request_id]
+        return request
+
+    def remove_request(self, request: Request) -> None:
+        rid = request.request_id
+        if rid not in self._requests:
+            raise ValueError(f"request {rid!r} is not in the ranked queue")
+        if self._held is request:
+            self._held = None
+        else:
+            self.queue.remove(rid)
+        del self._requests[rid]
+
+    def remove_requests(self, requests: Iterable[Request]) -> None:
+        # vLLM removes the same list from several queues: absent requests are skipped.
+        for request in requests:
+            if request.request_id in self._requests:
+                self.remove_request(request)
+
+    def __contains__(self, request: object) -> bool:
+        return isinstance(request, Request) and request.request_id in self._requests
+
+    def __bool__(self) -> bool:
+        return bool(self._requests)
+
+    def __len__(self) -> int:
+        return len(self._requests)
+
+    def __iter__(self) -> Iterator[Request]:
+        self._unhold()
+        return iter([self._requests[p.request_id] for p in self.queue.ordered()])
+
+    def _unhold(self) -> None:
+        if self._held is not None:
+            self.queue.push_back(self._progress_of(self._held))
+            self._held = None

@@ -1,0 +1,43 @@
+"""The scheduler's event trace: `marsched.metrics.trace` records, written line by line.
+
+`TraceFile` renames its file into place only at `close`; the engine-core process
+may be killed rather than closed, and tests read the trace while the engine runs,
+so this writer appends and flushes each event instead. Lines have the same form
+(`event`, `t`, `rid`, fields) and are read by `marsched.metrics.trace.read_trace`.
+Times are `time.monotonic()` seconds, shared by all processes of one host.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+from typing import Any
+
+from marsched.metrics.trace import EventTrace
+
+
+class LiveTrace(EventTrace):
+    enabled = True
+
+    def __init__(self, path: str | os.PathLike[str]) -> None:
+        self.path = Path(path)
+        self.path.parent.mkdir(parents=True, exist_ok=True)
+        self._file = open(self.path, "a", buffering=1)
+
+    def emit(self, event: str, t: float, rid: str | None = None, **fields: Any) -> None:
+        record: dict[str, Any] = {"event": event, "t": round(t, 6)}
+        if rid is not None:
+            record["rid"] = rid
+        record.update(fields)
+        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+
+    def close(self) -> None:
+        if not self._file.closed:
+            self._file.close()
+
+    abort = close
+
+
+def open_trace(path: str | None) -> EventTrace:
+    return LiveTrace(path) if path else EventTrace()

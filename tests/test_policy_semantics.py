@@ -1,0 +1,124 @@
+"""When each policy fixes a call's strategy, and whether it keeps it."""
+
+from marsched.metrics import TraceFile, read_trace
+from marsched.policy import Strategy, WaitingQueue, make_policy
+from marsched.policy.load import EngineLoad
+from marsched.policy.progress import RequestProgress
+from marsched.sim.engine import Simulator
+from marsched.workload import build_request
+from simhelpers import COST, single, small_profile, two_segment
+
+LOAD = EngineLoad(now_s=0.0, running_kv_tokens=0, iteration_s=0.01, host_free_tokens=10**9)
+
+
+def _run(requests, policy_name, profile, tmp_path, **policy_args):
+    path = tmp_path / f"{policy_name}.jsonl"
+    policy = make_policy(policy_name, COST, **policy_args)
+    trace = TraceFile(path)
+    result = Simulator(requests, profile, policy, trace=trace).run()
+    trace.close()
+    return result, read_trace(path)
+
+
+def _events(trace, rid, kind):
+    return [e for e in trace if e.get("rid") == rid and e["event"] == kind]
+
+
+def _pressure_workload():
+    # One two-call request among single-segment requests that fill the device: it gets preempted.
+    requests = [two_segment("aug", 0.0, 100, 60, 2.0, 10, 40)]
+    requests += [single(f"s{i}", 0.01 * i, 120, 80) for i in range(1, 12)]
+    return requests
+
+
+def test_mars_assigns_before_first_token_and_keeps_through_preemption_and_return(tmp_path):
+    profile = small_profile(device_blocks=24, host_blocks=64)
+    result, trace = _run(_pressure_workload(), "mars", profile, tmp_path)
+    assigned = _events(trace, "aug", "assign_strategy")
+    first_admit = _events(trace, "aug", "admit")[0]
+    api_start = _events(trace, "aug", "api_start")[0]
+    assert assigned[0]["reason"] == "ahead"
+    assert assigned[0]["t"] <= first_admit["t"]  # fixed before the segment's first token
+    preempts = [e for e in trace if e["event"] == "preempt"]
+    assert preempts, "the workload must cause preemptions for this test to mean anything"
+    aug_preempted = _events(trace, "aug", "preempt")
+    assert aug_preempted and aug_preempted[0]["t"] < api_start["t"]
+    # Kept through the preemption and re-queueing: the call runs under the strategy fixed at arrival.
+    assert aug_preempted[0]["strategy"] == assigned[0]["strategy"]
+    assert api_start["strategy"] == assigned[0]["strategy"]
+    assert [a["reason"] for a in assigned if a["segment"] == 0] == ["ahead"]
+    record = next(r for r in result.records if r.request_id == "aug")
+    assert record.strategies == (assigned[0]["strategy"],)
+
+
+def test_mars_decides_next_segment_at_its_start_not_at_its_call(tmp_path):
+    request = two_segment("a", 0.0, 50, 20, 1.0, 5, 10)
+    call = request.segments[0].api
+    three = build_request("b", 50, [(20, call), (15, call), (5, None)], 0.0)
+    _, trace = _run([request, three], "mars", small_profile(), tmp_path)
+    assignment = next(e for e in _events(trace, "b", "assign_strategy") if e["segment"] == 1)
+    resume = next(e for e in _events(trace, "b", "resume") if e["segment"] == 1)
+    assert assignment["t"] == resume["t"]  # at the previous call's return
+    api = next(e for e in _events(trace, "b", "api_start") if e["segment"] == 1)
+    assert api["t"] > assignment["t"]
+
+
+def test_infercept_decides_at_the_call(tmp_path):
+    _, trace = _run([two_segment("a", 0.0, 100, 30, 5.0, 10, 10)], "infercept", small_profile(), tmp_path)
+    assigned = _events(trace, "a", "assign_strategy")
+    api_start = _events(trace, "a", "api_start")[0]
+    assert assigned[0]["reason"] == "at-call"
+    assert assigned[0]["t"] == api_start["t"]
+    # From the actual context at the call: prompt + generated tokens (the last one not yet computed).
+    assert assigned[0]["context_tokens"] == 100 + 30 - 1
+
+
+def test_infercept_reconsiders_a_preserved_call():
+    policy = make_policy("infercept", COST)
+    request = two_segment("a", 0.0, 400, 10, 0.5, 4, 4)
+    progress = RequestProgress(request, order_s=0.0, computed_tokens=409, context_tokens=410, generated=10)
+    policy.start_segment(progress, LOAD)
+    progress.api_started_s = 0.0
+    busy = EngineLoad(now_s=0.0, running_kv_tokens=500_000, iteration_s=0.01, host_free_tokens=0)
+    assert policy.strategy_at_call(progress, busy) is Strategy.PRESERVE
+    # Nothing runs any more and the call still has long to go: recomputing later is now cheaper.
+    idle = EngineLoad(now_s=0.01, running_kv_tokens=0, iteration_s=0.01, host_free_tokens=0)
+    assert policy.reconsider(progress, idle) is Strategy.DISCARD
+    assert progress.assignments[-1].reason == "reconsidered"
+
+
+def test_vllm_requeues_at_the_tail_after_a_call(tmp_path):
+    requests = [two_segment("a", 0.0, 50, 10, 1.0, 5, 10), single("late", 0.5, 50, 10)]
+    _, trace = _run(requests, "vllm", small_profile(), tmp_path)
+    assert _events(trace, "a", "api_start")[0]["strategy"] == "discard"
+    assert _events(trace, "a", "resume")[0]["where"] == "waiting"
+
+
+def test_starvation_counter_changes_the_order():
+    policy = make_policy("mars", COST, starvation_threshold=5)
+    queue = WaitingQueue(policy)
+    long = RequestProgress(single("long", 0.0, 1000, 500), order_s=0.0)
+    policy.start_segment(long, LOAD)
+    queue.push(long, LOAD, iteration=0)
+    for i in range(1, 5):
+        short = RequestProgress(single(f"s{i}", 0.0, 10, 5), order_s=0.0)
+        policy.start_segment(short, LOAD)
+        queue.push(short, LOAD, iteration=i)
+    assert next(queue.ordered()).request_id != "long"
+    assert queue.promote_starving(4) == []
+    assert queue.starvation_counter("long", 4) == 4
+    assert [p.request_id for p in queue.promote_starving(5)] == ["long"]
+    assert queue.pop(10).request_id == "long"  # ahead of every lower key
+    assert long.promoted
+
+
+def test_no_starvation_prevention_keeps_key_order():
+    policy = make_policy("mars", COST, starvation_threshold=None)
+    queue = WaitingQueue(policy)
+    long = RequestProgress(single("long", 0.0, 1000, 500), order_s=0.0)
+    short = RequestProgress(single("short", 0.0, 10, 5), order_s=0.0)
+    for progress in (long, short):
+        policy.start_segment(progress, LOAD)
+        queue.push(progress, LOAD, iteration=0)
+    assert queue.promote_starving(10_000) == []
+    assert queue.pop(10).request_id == "short"
