@@ -6,7 +6,8 @@ replaces the request's sampling params, so each chunk carries the current plan):
 
     {"segment": 1,                        # index of the segment this chunk starts
      "plan": [[out_tokens, api_type, api_s, return_tokens], ..., [out_tokens, null, 0, 0]],
-     "strategy": "swap"}                   # optional per-request override
+     "strategy": "swap",                  # optional per-request override
+     "rid": "req-7"}                      # the caller's request id, for the trace
 
 `plan` is the caller's expectation of the whole request: for trace replay the true
 trace request, for live tool use the expected output tokens per segment and, per
@@ -52,11 +53,14 @@ class ChunkMeta:
     segment: int
     plan: tuple[PlannedSegment, ...]
     strategy: Strategy | None = None
+    request_id: str | None = None  # the caller's id (vLLM's internal id adds a random suffix)
 
     def to_extra_args(self) -> dict[str, Any]:
         data: dict[str, Any] = {"segment": self.segment, "plan": [p.to_list() for p in self.plan]}
         if self.strategy is not None:
             data["strategy"] = self.strategy.value
+        if self.request_id is not None:
+            data["rid"] = self.request_id
         return {KEY: data}
 
 
@@ -70,6 +74,7 @@ def decode(sampling_params: Any) -> ChunkMeta | None:
         int(data.get("segment", 0)),
         tuple(PlannedSegment.from_list(p) for p in data.get("plan", ())),
         Strategy(strategy) if strategy else None,
+        data.get("rid"),
     )
 
 

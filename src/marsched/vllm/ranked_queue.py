@@ -62,7 +62,7 @@ class RankedRequestQueue(RequestQueue):
 
     def peek_request(self) -> Request:
         if self._held is None:
-            progress = self.queue.pop()
+            progress = self.queue.pop(self._iteration())
             if progress is None:
                 raise IndexError("peek from an empty queue")
             self._held = self._requests[progress.request_id]
@@ -81,7 +81,7 @@ class RankedRequestQueue(RequestQueue):
         if self._held is request:
             self._held = None
         else:
-            self.queue.remove(rid)
+            self.queue.remove(rid, self._iteration())
         del self._requests[rid]
 
     def remove_requests(self, requests: Iterable[Request]) -> None:

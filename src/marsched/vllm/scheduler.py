@@ -1,0 +1,527 @@
+"""`MarsScheduler`: vLLM's V1 scheduler taking its decisions from `marsched.policy`.
+
+Load it with `scheduler_cls="marsched.vllm.MarsScheduler"` (`--scheduler-cls` on
+`vllm serve`); choose the policy with `additional_config={"marsched": {...}}`
+(`marsched.vllm.config.MarsConfig`).
+
+What the policy decides, and where it is plugged in (vLLM 0.32; every private name
+used is listed in docs/vllm-internals.md):
+
+- waiting order: `self.waiting` is a `RankedRequestQueue` over the policy's
+  `WaitingQueue` (keys, refresh every k iterations, starvation promotion);
+- preemption victim: vLLM preempts `self.running[-1]`; before each step `running`
+  is sorted so that the last one is the lowest-ranked unprotected request
+  (`policy.victim_key`, protection from starvation promotion);
+- each call's strategy: a resumable request that stops (tool call) is paused by
+  vLLM with its blocks (Preserve); `_handle_stopped_request` asks the policy and
+  frees the blocks (Discard) or queues a copy to host (Swap, `kv_swap.py`);
+  `_update_request_as_session` (the next chunk) restores the request.
+
+The logic is in `MarsSchedulerMixin`; `MarsScheduler` puts it on vLLM's
+`AsyncScheduler`, which also runs correctly with synchronous execution (on CPU
+vLLM forces that), so one class serves both.
+"""
+
+from __future__ import annotations
+
+import math
+import time
+import weakref
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.request import Request, RequestStatus, StreamingUpdate
+
+from marsched.policy import EngineLoad, RequestProgress, Strategy, StrategyAssignment
+from marsched.predict import SegmentPrediction
+from marsched.vllm.config import MarsConfig
+from marsched.vllm.kv_swap import HostSwapConnector, SwapMeta
+from marsched.vllm.metadata import PlannedSegment, decode, workload_request
+from marsched.vllm.ranked_queue import RankedRequestQueue
+from marsched.vllm.trace import open_trace
+from marsched.workload.model import ApiCall, ApiType
+
+_PAUSED = RequestStatus.WAITING_FOR_STREAMING_REQ
+_LIVE: list[weakref.ref] = []  # schedulers of this process, for MarsWorkerExtension
+_DONE_KEPT = 10_000  # finished requests whose info stays readable
+
+
+def live_schedulers() -> list["MarsSchedulerMixin"]:
+    return [s for s in (ref() for ref in _LIVE) if s is not None]
+
+
+class Kv:
+    """Where a paused request's KV cache is."""
+
+    DEVICE = "device"
+    DISCARDED = "discarded"
+    SWAP_QUEUED = "swap-queued"  # copy asked for, not yet sent to the worker
+    SWAP_OUT = "swap-out"  # copy sent with this step; blocks freed when the step's output arrives
+    HOST = "host"
+
+
+@dataclass(eq=False)
+class Tracked:
+    progress: RequestProgress
+    rid: str  # the caller's id, for the trace
+    prompt_tokens: int
+    plan: tuple[PlannedSegment, ...]
+    arrival_t: float
+    wait_since_t: float
+    override: Strategy | None = None
+    kv: str = Kv.DEVICE
+    in_call: bool = False
+    paused_t: float | None = None
+    saved_tokens: int = 0
+    first_token_t: float = math.nan
+    restore_skip_prefix: bool | None = None
+    closing: bool = False
+    preemptions: int = 0
+    victim_key: float = 0.0
+    strategies: list[str] = field(default_factory=list)  # the strategy each call ran under
+    predictions: dict[int, SegmentPrediction] = field(default_factory=dict)  # at each segment's start
+
+
+class MarsSchedulerMixin:
+    """The MARS logic; mix in before a vLLM `Scheduler` class."""
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        self.mars_config = MarsConfig.from_vllm_config(self.vllm_config)
+        self.mars_policy = self.mars_config.build_policy(token_budget=self.max_num_scheduled_tokens)
+        self.mars_trace = open_trace(self.mars_config.trace_path)
+        self._iteration = 0
+        self._tau = self.mars_policy.cost.iteration_time(1)
+        self._last_step_t: float | None = None
+        self._running_kv: int | None = None
+        self._tracked: dict[str, Tracked] = {}
+        self._done: OrderedDict[str, dict[str, Any]] = OrderedDict()
+        self._paused_preserved: dict[str, Request] = {}
+        self._swap_inflight: dict[str, tuple[Any, int]] = {}
+        assert not self.waiting, "the waiting queue is replaced before any request arrives"
+        self.waiting = RankedRequestQueue(self.mars_policy, self._progress_of, self._load, lambda: self._iteration)
+        self._swapper = self.connector if isinstance(self.connector, HostSwapConnector) else None
+        _LIVE.append(weakref.ref(self))
+
+    # --- state the policy reads -------------------------------------------------------
+
+    def _load(self) -> EngineLoad:
+        if self._running_kv is None:
+            self._running_kv = sum(r.num_computed_tokens for r in self.running)
+        host_free = 0
+        if self._swapper is not None:
+            host_free = max(self.mars_config.host_swap_tokens - self._swapper.host_tokens_used, 0)
+        return EngineLoad(time.monotonic(), self._running_kv, self._tau, host_free)
+
+    def _progress_of(self, request: Request) -> RequestProgress:
+        tracked = self._tracked[request.request_id]
+        self._sync(tracked, request)
+        return tracked.progress
+
+    @staticmethod
+    def _sync(tracked: Tracked, request: Request) -> None:
+        progress = tracked.progress
+        progress.context_tokens = request.num_tokens
+        progress.computed_tokens = request.num_computed_tokens
+        progress.generated = request.num_output_tokens
+
+    def _emit(self, event: str, tracked: Tracked | None, **fields: Any) -> None:
+        if self.mars_trace.enabled:
+            self.mars_trace.emit(event, time.monotonic(), tracked.rid if tracked else None, **fields)
+
+    def _emit_assignments(self, tracked: Tracked, since: int) -> None:
+        for a in tracked.progress.assignments[since:]:
+            self._emit("assign_strategy", tracked, segment=a.segment_index, strategy=a.strategy.value,
+                       reason=a.reason, context_tokens=a.context_tokens, api_s=a.api_s)
+
+    # --- arrival and segments ---------------------------------------------------------
+
+    def add_request(self, request: Request) -> None:
+        existing = self.requests.get(request.request_id)
+        if existing is None:
+            self._on_arrival(request)
+        elif StreamingUpdate.from_request(request) is None:  # the session's closing message
+            tracked = self._tracked.get(request.request_id)
+            if tracked is not None:
+                tracked.closing = True
+        super().add_request(request)
+
+    def _on_arrival(self, request: Request) -> None:
+        now = time.monotonic()
+        meta = decode(request.sampling_params)
+        plan = meta.plan if meta and meta.plan else (PlannedSegment(request.max_tokens),)
+        rid = (meta.request_id if meta else None) or request.request_id
+        # The workload request carries vLLM's internal id (unique); the caller's id goes to the trace.
+        progress = RequestProgress(workload_request(request.request_id, request.num_prompt_tokens, plan, now),
+                                   order_s=now)
+        override = meta.strategy if meta and self.mars_config.allow_request_strategy else None
+        tracked = Tracked(progress, rid, request.num_prompt_tokens, plan, now, now, override)
+        self._tracked[request.request_id] = tracked
+        self._emit("arrive", tracked, prompt_tokens=request.num_prompt_tokens, segments=len(plan))
+        self._sync(tracked, request)
+        self._start_segment(tracked)
+
+    def _start_segment(self, tracked: Tracked) -> None:
+        progress = tracked.progress
+        before = len(progress.assignments)
+        load = self._load()
+        self.mars_policy.start_segment(progress, load)
+        index = progress.segment_index
+        if tracked.override is not None and progress.segment.api is not None:
+            prediction = progress.predictions[index]
+            progress.assign(StrategyAssignment(index, tracked.override, load.now_s,
+                                               progress.context_tokens + prediction.output_tokens,
+                                               prediction.api_duration_s, "request"))
+        tracked.predictions[index] = progress.predictions[index]
+        self._emit_assignments(tracked, before)
+
+    # --- calls ------------------------------------------------------------------------
+
+    def _handle_stopped_request(self, request: Request) -> bool:
+        finished = super()._handle_stopped_request(request)
+        tracked = self._tracked.get(request.request_id)
+        if tracked is not None and not finished and request.status == _PAUSED:
+            tracked.paused_t = time.monotonic()
+            if tracked.progress.segment.api is not None:
+                self._start_call(request, tracked, apply=True)
+        return finished
+
+    def _start_call(self, request: Request, tracked: Tracked, apply: bool) -> None:
+        """A planned call begins (`apply=False`: the next chunk is already here; the KV stays)."""
+        progress = tracked.progress
+        self._sync(tracked, request)
+        load = self._load()
+        progress.api_started_s = load.now_s
+        tracked.in_call = True
+        before = len(progress.assignments)
+        if tracked.override is not None:
+            strategy = tracked.override
+        else:
+            strategy = self.mars_policy.strategy_at_call(progress, load) or Strategy.PRESERVE
+        if not apply:
+            strategy = Strategy.PRESERVE
+        if strategy is Strategy.SWAP and not self._can_swap(request, load):
+            strategy = self.mars_policy.host_full_fallback(progress, load)  # no room (or no connector)
+        self._emit_assignments(tracked, before)
+        tracked.strategies.append(strategy.value)
+        self._emit("api_start", tracked, segment=progress.segment_index, strategy=strategy.value,
+                   context_tokens=request.num_computed_tokens,
+                   duration_s=progress.predictions[progress.segment_index].api_duration_s)
+        if apply:
+            self._apply(request, tracked, strategy)
+
+    def _can_swap(self, request: Request, load: EngineLoad) -> bool:
+        return (self._swapper is not None and len(self.kv_cache_manager.get_block_ids(request.request_id)) == 1
+                and load.host_free_tokens >= request.num_computed_tokens)
+
+    def _apply(self, request: Request, tracked: Tracked, strategy: Strategy) -> None:
+        rid = request.request_id
+        if strategy is Strategy.PRESERVE:
+            tracked.kv = Kv.DEVICE
+            if self.mars_policy.reconsiders_paused:
+                self._paused_preserved[rid] = request
+        elif strategy is Strategy.DISCARD:
+            # num_computed_tokens stays: _update_request_as_session rebuilds the prompt with it.
+            self._free_request_blocks(request)
+            tracked.kv = Kv.DISCARDED
+        else:
+            block_ids = self.kv_cache_manager.get_block_ids(rid)[0]
+            tracked.saved_tokens = request.num_computed_tokens
+            self._swapper.queue_swap_out(rid, block_ids, tracked.saved_tokens)
+            tracked.kv = Kv.SWAP_QUEUED
+
+    def _reconsider_paused(self) -> None:
+        if not self._paused_preserved:
+            return
+        load = self._load()
+        for rid, request in list(self._paused_preserved.items()):
+            tracked = self._tracked.get(rid)
+            if tracked is None or request.status != _PAUSED or tracked.kv != Kv.DEVICE:
+                del self._paused_preserved[rid]
+                continue
+            before = len(tracked.progress.assignments)
+            strategy = self.mars_policy.reconsider(tracked.progress, load)
+            if strategy is None:
+                continue
+            del self._paused_preserved[rid]
+            if strategy is Strategy.SWAP and not self._can_swap(request, load):
+                strategy = self.mars_policy.host_full_fallback(tracked.progress, load)
+            self._emit_assignments(tracked, before)
+            tracked.strategies[-1] = strategy.value
+            self._apply(request, tracked, strategy)
+
+    def _update_request_as_session(self, session: Request, update: Any) -> None:
+        tracked = self._tracked.get(session.request_id)
+        if tracked is None:
+            return super()._update_request_as_session(session, update)
+        rid = session.request_id
+        was_paused = session.status == _PAUSED
+        now = time.monotonic()
+        progress = tracked.progress
+        if not tracked.in_call:  # unplanned call, or the chunk came before the segment ended
+            if tracked.paused_t is None:
+                tracked.paused_t = now
+            self._start_call(session, tracked, apply=False)
+        if tracked.kv == Kv.SWAP_QUEUED:  # back before the copy ran: keep the device blocks
+            self._swapper.cancel_swap_out(rid)
+            tracked.kv = Kv.DEVICE
+        self._paused_preserved.pop(rid, None)
+        super()._update_request_as_session(session, update)
+
+        call = progress.segment.api
+        returned = max(len(update.prompt_token_ids or ()) - 1, 0)  # chunk = [last token] + return
+        duration = now - (progress.api_started_s or now)
+        if call is not None and was_paused:
+            self.mars_policy.predictor.observe(ApiCall(call.api_type, duration, returned))
+        self._emit("api_end", tracked, segment=progress.segment_index, return_tokens=returned)
+        tracked.in_call = False
+        tracked.paused_t = None
+        progress.api_started_s = None
+        progress.segment_index += 1
+        self._extend_plan(tracked, session)
+        self._sync(tracked, session)
+        if self.mars_policy.requeues_at_tail:
+            progress.order_s = now
+        self._start_segment(tracked)
+        tracked.wait_since_t = now
+
+        where = "device"
+        if tracked.kv in (Kv.DISCARDED, Kv.HOST):
+            where = "waiting" if tracked.kv == Kv.DISCARDED else "host"
+            session.num_computed_tokens = 0
+            if tracked.kv == Kv.DISCARDED:
+                # Faithful recompute: do not read the freed (still hashed) blocks back.
+                tracked.restore_skip_prefix = session.skip_reading_prefix_cache
+                session.skip_reading_prefix_cache = True
+            else:
+                # A swapped request must read the connector's hit (vLLM zeroes it otherwise).
+                self._swapper.expect_load[rid] = tracked.saved_tokens
+            progress.computed_tokens = 0
+            self.kv_holding_waiting.remove_request(session)
+            self.waiting.add_request(session)
+        # Kv.SWAP_OUT (async scheduling only): the copy is in flight; update_from_output
+        # keeps the blocks and drops the copy.
+        self._emit("resume", tracked, segment=progress.segment_index, where=where)
+
+    def _extend_plan(self, tracked: Tracked, session: Request) -> None:
+        """Take the plan the chunk carries; add a segment if the request calls more than planned."""
+        progress = tracked.progress
+        meta = decode(session.sampling_params)
+        plan = meta.plan if meta and meta.plan else tracked.plan
+        while len(plan) <= progress.segment_index:
+            last = plan[-1]
+            plan = plan[:-1] + (PlannedSegment(last.output_tokens, last.api_type or ApiType.OTHER, last.api_s,
+                                               last.return_tokens), PlannedSegment(session.max_tokens))
+        if plan != tracked.plan:
+            tracked.plan = plan
+            progress.request = workload_request(progress.request_id, tracked.prompt_tokens, plan, tracked.arrival_t)
+        if meta and meta.strategy is not None and self.mars_config.allow_request_strategy:
+            tracked.override = meta.strategy
+
+    # --- the step ---------------------------------------------------------------------
+
+    def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self._iteration += 1
+        now = time.monotonic()
+        if self._last_step_t is not None and self.running:
+            self._tau = 0.8 * self._tau + 0.2 * min(now - self._last_step_t, 10.0)
+        self._last_step_t = now
+        self._running_kv = None
+        for rid, tracked in self._tracked.items():
+            request = self.requests.get(rid)
+            if request is not None:
+                self._sync(tracked, request)
+        self._reconsider_paused()
+        for progress in self.waiting.promote_starving(self._iteration):
+            tracked = self._tracked.get(progress.request_id)
+            self._emit("promote", tracked, counter=self.mars_policy.starvation.threshold)
+        refreshed = self.waiting.refresh(self._load(), self._iteration)
+        self._order_running(refreshed)
+        before = {r.request_id for r in self.running}
+        output = super().schedule(*args, **kwargs)
+        self._after_schedule(output, before)
+        return output
+
+    def _internal_id(self, rid: str) -> str:
+        if rid in self._tracked:
+            return rid
+        for internal, tracked in self._tracked.items():
+            if tracked.rid == rid:
+                return internal
+        return rid
+
+    def _order_running(self, refreshed: bool) -> None:
+        """Sort `running` so that vLLM's victim (`running[-1]`) is the policy's victim."""
+        if not self.running:
+            return
+        load = self._load()
+        for request in self.running:
+            tracked = self._tracked.get(request.request_id)
+            if tracked is not None and (refreshed or self.mars_policy.keys_follow_load is False):
+                tracked.victim_key = self.mars_policy.victim_key(tracked.progress, load)
+        it = self._iteration
+
+        def key(request: Request) -> tuple[int, float]:
+            tracked = self._tracked.get(request.request_id)
+            if tracked is None:
+                return (1, math.inf)
+            protected = tracked.progress.protected_until_iteration > it
+            return (0 if protected else 1, tracked.victim_key)
+
+        self.running.sort(key=key)
+
+    def _after_schedule(self, output: Any, before: set[str]) -> None:
+        now = time.monotonic()
+        load = None
+        for request in self.running:
+            rid = request.request_id
+            if rid in before:
+                continue
+            tracked = self._tracked.get(rid)
+            if tracked is None:
+                continue
+            progress = tracked.progress
+            if progress.promoted:
+                progress.promoted = False
+                progress.protected_until_iteration = self._iteration + self.mars_policy.starvation.quantum
+            if tracked.restore_skip_prefix is not None:
+                request.skip_reading_prefix_cache = tracked.restore_skip_prefix
+                tracked.restore_skip_prefix = None
+            tracked.kv = Kv.DEVICE
+            load = load or self._load()
+            tracked.victim_key = self.mars_policy.victim_key(progress, load)
+            self._emit("admit", tracked, segment=progress.segment_index,
+                       prefill_tokens=output.num_scheduled_tokens.get(rid, 0), wait_s=now - tracked.wait_since_t)
+        meta = getattr(output, "kv_connector_metadata", None)
+        if isinstance(meta, SwapMeta):
+            for rid, ids in meta.swap_out:
+                tracked = self._tracked.get(rid)
+                if tracked is not None:
+                    tracked.kv = Kv.SWAP_OUT
+                    self._swap_inflight[rid] = (output, len(ids))
+            for rid, ids, _ in meta.swap_in:
+                self._emit("swap_in", self._tracked.get(rid), blocks=len(ids))
+
+    def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        result = super().update_from_output(scheduler_output, model_runner_output)
+        for rid, (output, blocks) in list(self._swap_inflight.items()):
+            if output is not scheduler_output:
+                continue
+            del self._swap_inflight[rid]
+            request = self.requests.get(rid)
+            tracked = self._tracked.get(rid)
+            if request is None or tracked is None:
+                continue
+            if request.status == _PAUSED and tracked.kv == Kv.SWAP_OUT:
+                self._free_request_blocks(request)  # the copy is done: blocks back to the pool
+                tracked.kv = Kv.HOST
+                self._emit("swap_out", tracked, blocks=blocks)
+            else:  # resumed while the copy ran (async scheduling): keep the blocks, drop the copy
+                self._swapper.drop(rid)
+                tracked.kv = Kv.DEVICE
+        now = None
+        for outputs in (result or {}).values():
+            for out in outputs.outputs:
+                tracked = self._tracked.get(out.request_id)
+                if tracked is not None and out.new_token_ids and math.isnan(tracked.first_token_t):
+                    now = now or time.monotonic()
+                    tracked.first_token_t = now
+        return result
+
+    def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
+        tracked = self._tracked.get(request.request_id)
+        blocks = sum(len(ids) for ids in self.kv_cache_manager.get_block_ids(request.request_id))
+        if tracked is not None:
+            tracked.preemptions += 1
+            tracked.wait_since_t = time.monotonic()
+            strategy = tracked.progress.strategy
+            self._emit("preempt", tracked, segment=tracked.progress.segment_index,
+                       strategy=strategy.value if strategy else None, freed_blocks=blocks)
+        super()._preempt_request(request, timestamp, drop_stale_output)
+
+    def has_requests(self) -> bool:
+        return super().has_requests() or bool(self._swap_inflight)
+
+    # --- the end ----------------------------------------------------------------------
+
+    def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
+        rid = request.request_id
+        tracked = self._tracked.get(rid)
+        result = super()._free_request(request, delay_free_blocks)
+        if tracked is not None:
+            self._paused_preserved.pop(rid, None)
+            self._swap_inflight.pop(rid, None)
+            if self._swapper is not None:
+                self._swapper.drop(rid)
+            now = time.monotonic()
+            aborted = request.status == RequestStatus.FINISHED_ABORTED and not tracked.closing
+            info = self._info(tracked)
+            info.update(finished=True, status="aborted" if aborted else "finished", e2e_s=now - tracked.arrival_t)
+            self._done[tracked.rid] = info
+            while len(self._done) > _DONE_KEPT:
+                self._done.popitem(last=False)
+            del self._tracked[rid]
+            self._emit("finish", tracked, e2e_s=now - tracked.arrival_t,
+                       ttft_s=tracked.first_token_t - tracked.arrival_t, status=info["status"],
+                       strategies=list(tracked.strategies), preemptions=tracked.preemptions)
+        return result
+
+    def shutdown(self) -> None:
+        try:
+            super().shutdown()
+        finally:
+            self.mars_trace.close()
+
+    # --- inspection (MarsWorkerExtension, tests) --------------------------------------
+
+    def _info(self, tracked: Tracked) -> dict[str, Any]:
+        segments = []
+        for index in range(tracked.progress.segment_index + 1):
+            prediction = tracked.predictions.get(index)
+            assignments = [a for a in tracked.progress.assignments if a.segment_index == index]
+            last = assignments[-1] if assignments else None
+            segments.append({
+                "index": index,
+                "predicted_output_tokens": prediction.output_tokens if prediction else None,
+                "predicted_api_s": prediction.api_duration_s if prediction else None,
+                "predicted_return_tokens": prediction.api_return_tokens if prediction else None,
+                "strategy": tracked.strategies[index] if index < len(tracked.strategies) else
+                (last.strategy.value if last else None),
+                "assigned_s": assignments[0].assigned_s if assignments else None,
+                "reason": last.reason if last else None,
+                "assignments": [(a.strategy.value, a.assigned_s, a.reason) for a in assignments],
+            })
+        return {"request_id": tracked.rid, "segments": segments, "preemptions": tracked.preemptions,
+                "arrival_t": tracked.arrival_t, "first_token_t": tracked.first_token_t, "kv": tracked.kv,
+                "finished": False}
+
+    def mars_snapshot(self, request_id: str | None = None) -> dict[str, Any]:
+        pool = self.kv_cache_manager.block_pool
+        state: dict[str, Any] = {
+            "iteration": self._iteration,
+            "device_total_blocks": pool.num_gpu_blocks - 1,  # the null block is never free
+            "device_free_blocks": pool.get_num_free_blocks(),
+            "device_usage": self.kv_cache_manager.usage,
+            "host_tokens": self._swapper.host_tokens_used if self._swapper else 0,
+            "running": len(self.running),
+            "waiting": len(self.waiting),
+            "paused": self.num_waiting_for_streaming_input,
+            "tracked": len(self._tracked),
+            "policy": self.mars_policy.name,
+        }
+        if request_id is not None:
+            found = self._done.get(request_id)
+            if found is None:
+                internal = self._internal_id(request_id)
+                tracked = self._tracked.get(internal)
+                found = self._info(tracked) if tracked else None
+                if tracked is not None:
+                    found["blocks"] = sum(len(i) for i in self.kv_cache_manager.get_block_ids(internal))
+            state["request"] = found
+        return state
+
+
+class MarsScheduler(MarsSchedulerMixin, AsyncScheduler):
+    """The scheduler to load with `scheduler_cls` / `--scheduler-cls`."""
