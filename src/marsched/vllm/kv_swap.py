@@ -46,6 +46,9 @@ class SwapMeta(KVConnectorMetadata):
     # (request id, destination block ids, index of the first saved block to restore)
     swap_in: list[tuple[str, list[int], int]] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)
+    # The scheduler's state after this step's schedule, for MarsWorkerExtension (the worker
+    # may live in another process than the scheduler: on CPU vLLM always uses the mp executor).
+    snapshot: dict[str, Any] | None = None
 
 
 class HostSwapConnector(KVConnectorBase_V1):
@@ -60,10 +63,13 @@ class HostSwapConnector(KVConnectorBase_V1):
         self.expect_load: dict[str, int] = {}  # rid -> tokens to restore
         self.host_tokens: dict[str, int] = {}  # rid -> tokens held on host (scheduler's account)
         self.last_swap_in: dict[str, int] = {}  # rid -> blocks restored, for the scheduler's trace
+        self.snapshot_dirty = False  # the scheduler's state changed: run a step to publish it
         # worker side
         self.kv_caches: dict[str, torch.Tensor] = {}
         self._block_dim: dict[str, int] = {}
         self.host: dict[str, dict[str, torch.Tensor]] = {}
+        self.scheduler_state: dict[str, Any] = {}
+        self.request_info: dict[str, dict[str, Any]] = {}
         self.stats = {"out_blocks": 0, "in_blocks": 0, "out_s": 0.0, "in_s": 0.0}
 
     @property
@@ -97,7 +103,7 @@ class HostSwapConnector(KVConnectorBase_V1):
     def has_pending_push_work(self) -> bool:
         # Keeps EngineCore stepping while only paused requests remain, so that a
         # queued swap-out (or a host-copy drop) reaches the worker.
-        return bool(self._pending_out or self._pending_drop)
+        return bool(self._pending_out or self._pending_drop or self.snapshot_dirty)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         saved = self.expect_load.get(request.request_id, 0)
@@ -146,6 +152,11 @@ class HostSwapConnector(KVConnectorBase_V1):
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
         assert isinstance(meta, SwapMeta)
+        if meta.snapshot is not None:
+            self.scheduler_state = meta.snapshot["state"]
+            self.request_info.update(meta.snapshot["requests"])
+            while len(self.request_info) > 10_000:
+                self.request_info.pop(next(iter(self.request_info)))
         for rid in meta.drop:
             self.host.pop(rid, None)
         for rid, ids in meta.swap_out:

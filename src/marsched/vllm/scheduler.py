@@ -100,6 +100,7 @@ class MarsSchedulerMixin:
         self._done: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._paused_preserved: dict[str, Request] = {}
         self._swap_inflight: dict[str, tuple[Any, int]] = {}
+        self._changed: set[str] = set()  # requests whose info changed since the last step
         assert not self.waiting, "the waiting queue is replaced before any request arrives"
         self.waiting = RankedRequestQueue(self.mars_policy, self._progress_of, self._load, lambda: self._iteration)
         self._swapper = self.connector if isinstance(self.connector, HostSwapConnector) else None
@@ -128,6 +129,10 @@ class MarsSchedulerMixin:
         progress.generated = request.num_output_tokens
 
     def _emit(self, event: str, tracked: Tracked | None, **fields: Any) -> None:
+        if tracked is not None:
+            self._changed.add(tracked.progress.request_id if tracked.rid not in self._done else tracked.rid)
+            if self._swapper is not None:
+                self._swapper.snapshot_dirty = True
         if self.mars_trace.enabled:
             self.mars_trace.emit(event, time.monotonic(), tracked.rid if tracked else None, **fields)
 
@@ -159,7 +164,8 @@ class MarsSchedulerMixin:
         override = meta.strategy if meta and self.mars_config.allow_request_strategy else None
         tracked = Tracked(progress, rid, request.num_prompt_tokens, plan, now, now, override)
         self._tracked[request.request_id] = tracked
-        self._emit("arrive", tracked, prompt_tokens=request.num_prompt_tokens, segments=len(plan))
+        self._emit("arrive", tracked, prompt_tokens=request.num_prompt_tokens, segments=len(plan),
+                   iteration=self._iteration)
         self._sync(tracked, request)
         self._start_segment(tracked)
 
@@ -336,7 +342,7 @@ class MarsSchedulerMixin:
         self._reconsider_paused()
         for progress in self.waiting.promote_starving(self._iteration):
             tracked = self._tracked.get(progress.request_id)
-            self._emit("promote", tracked, counter=self.mars_policy.starvation.threshold)
+            self._emit("promote", tracked, counter=self.mars_policy.starvation.threshold, iteration=self._iteration)
         refreshed = self.waiting.refresh(self._load(), self._iteration)
         self._order_running(refreshed)
         before = {r.request_id for r in self.running}
@@ -392,10 +398,19 @@ class MarsSchedulerMixin:
             tracked.kv = Kv.DEVICE
             load = load or self._load()
             tracked.victim_key = self.mars_policy.victim_key(progress, load)
-            self._emit("admit", tracked, segment=progress.segment_index,
+            self._emit("admit", tracked, segment=progress.segment_index, iteration=self._iteration,
                        prefill_tokens=output.num_scheduled_tokens.get(rid, 0), wait_s=now - tracked.wait_since_t)
         meta = getattr(output, "kv_connector_metadata", None)
         if isinstance(meta, SwapMeta):
+            self._swapper.snapshot_dirty = False
+            changed, self._changed = self._changed, set()
+            requests = {}
+            for rid in changed:
+                tracked = self._tracked.get(rid)
+                info = self._info(tracked) if tracked else self._done.get(rid)
+                if info is not None:
+                    requests[info["request_id"]] = info
+            meta.snapshot = {"state": self.mars_snapshot(), "requests": requests}
             for rid, ids in meta.swap_out:
                 tracked = self._tracked.get(rid)
                 if tracked is not None:
