@@ -22,6 +22,8 @@ class ApiEstimator(Protocol):
 
     def observe(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None: ...
 
+    def declare(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None: ...
+
 
 @dataclass(frozen=True, slots=True)
 class OracleApi:
@@ -36,6 +38,9 @@ class OracleApi:
         return ApiEstimate(api.duration_s, api.return_tokens)
 
     def observe(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None:
+        pass
+
+    def declare(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None:
         pass
 
 
@@ -80,6 +85,13 @@ class TypeMeanApi:
             math.exp(duration.mean) if duration else self.prior_duration_s,
             round(returns.mean) if returns else round(self.prior_return_tokens),
         )
+
+    def declare(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None:
+        """A tool's stated expectation: the prior for its type, until calls of that type are observed."""
+        if api_type not in self._durations:
+            self._durations[api_type] = _RunningMean(math.log(max(duration_s, _SHORTEST_S)) * self.prior_weight,
+                                                     self.prior_weight)
+            self._returns[api_type] = _RunningMean(return_tokens * self.prior_weight, self.prior_weight)
 
     def observe(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None:
         duration = self._durations.setdefault(

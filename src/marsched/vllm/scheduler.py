@@ -158,6 +158,9 @@ class MarsSchedulerMixin:
         meta = decode(request.sampling_params)
         plan = meta.plan if meta and meta.plan else (PlannedSegment(request.max_tokens),)
         rid = (meta.request_id if meta else None) or request.request_id
+        for planned in plan:  # a tool's stated duration is the estimate for its type until one is observed
+            if planned.api_type is not None:
+                self.mars_policy.predictor.api.declare(planned.api_type, planned.api_s, planned.return_tokens)
         # The workload request carries vLLM's internal id (unique); the caller's id goes to the trace.
         progress = RequestProgress(workload_request(request.request_id, request.num_prompt_tokens, plan, now),
                                    order_s=now)
