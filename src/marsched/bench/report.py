@@ -1,4 +1,4 @@
-"""Outputs of a comparison: the JSON list of records, a plot, ratios between policies."""
+"""Outputs of a comparison: the JSON list of records and a plot."""
 
 from __future__ import annotations
 
@@ -24,16 +24,6 @@ def write_atomically(path: str | os.PathLike[str], write) -> None:
 
 def write_json(records: list[dict], path: str | os.PathLike[str]) -> None:
     write_atomically(path, lambda f: f.write((json.dumps(records, indent=2) + "\n").encode()))
-
-
-def ratio_table(records: list[dict], numerator: str, denominator: str, key: str = "e2e_mean_s") -> dict[float, float]:
-    """`key` of one policy over another's, per QPS."""
-    by_point = {(r["policy"], r["qps"]): r[key] for r in records}
-    return {
-        qps: by_point[(numerator, qps)] / by_point[(denominator, qps)]
-        for (policy, qps) in by_point
-        if policy == numerator and (denominator, qps) in by_point
-    }
 
 
 def plot_latency(records: list[dict], path: str | os.PathLike[str]) -> None:

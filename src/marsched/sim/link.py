@@ -7,7 +7,7 @@ swap budget (bandwidth × iteration time), so swapping never stalls the batch.
 from __future__ import annotations
 
 from collections import deque
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
 
@@ -24,10 +24,7 @@ class Transfer:
 @dataclass(slots=True)
 class HostLink:
     tokens_per_s: float
-    _queue: deque[Transfer] = None
-
-    def __post_init__(self) -> None:
-        self._queue = deque()
+    _queue: deque[Transfer] = field(default_factory=deque)
 
     def __len__(self) -> int:
         return len(self._queue)
