@@ -4,22 +4,8 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
-from pathlib import Path
 
-
-def write_atomically(path: str | os.PathLike[str], write) -> None:
-    """Write through a temporary file in the same folder, so that a failure leaves nothing behind."""
-    target = Path(path)
-    target.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(prefix=f".{target.name}.", dir=target.parent)
-    try:
-        with os.fdopen(fd, "wb") as file:
-            write(file)
-        os.replace(tmp, target)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+from marsched.atomic import write_atomically
 
 
 def write_json(records: list[dict], path: str | os.PathLike[str]) -> None:

@@ -17,11 +17,11 @@ from __future__ import annotations
 
 import json
 import os
-import secrets
 from collections.abc import Iterable
 from dataclasses import replace
 from pathlib import Path
 
+from marsched.atomic import write_atomically
 from marsched.workload._checks import (
     DuplicateKey,
     Source,
@@ -97,20 +97,7 @@ def save_jsonl(requests: Iterable[Request], path: str | os.PathLike[str]) -> Pat
         seen.add(request.request_id)
     # Serialize first: an unserializable value fails before anything touches the disk.
     text = "".join(json.dumps(request_to_record(r), allow_nan=False) + "\n" for r in requests)
-    target = Path(path)
-    temporary = target.with_name(f".{target.name}.{secrets.token_hex(6)}.tmp")
-    # os.open with 0o666 lets the umask decide the final mode, as for any ordinary new file.
-    descriptor = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o666)
-    try:
-        with os.fdopen(descriptor, "w", encoding="utf-8") as file:
-            file.write(text)
-            file.flush()
-            os.fsync(file.fileno())
-        os.replace(temporary, target)
-    except BaseException:
-        temporary.unlink(missing_ok=True)
-        raise
-    return target
+    return write_atomically(path, lambda file: file.write(text.encode("utf-8")))
 
 
 def _parse_line(line: str, number: int, source: Source) -> Request:
