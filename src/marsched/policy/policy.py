@@ -120,7 +120,7 @@ class Policy:
         """For AT_CALL, while a call is preserved: a cheaper strategy given the remaining time, or None."""
         if not self.reconsiders_paused or progress.strategy is not Strategy.PRESERVE:
             return None
-        remaining_s = progress.segment.api.duration_s - (load.now_s - progress.api_started_s)
+        remaining_s = self._remaining_call_s(progress, load)
         strategy = self._cheapest(progress.computed_tokens, remaining_s, load)
         if strategy is Strategy.PRESERVE:
             return None
@@ -135,12 +135,17 @@ class Policy:
         """The call was to swap but host memory has no room: the cheaper of preserve and discard."""
         index = progress.segment_index
         if self.rule is StrategyRule.AT_CALL:
-            api_s = progress.segment.api.duration_s - (load.now_s - progress.api_started_s)
+            api_s = self._remaining_call_s(progress, load)
         else:
             api_s = progress.predictions[index].api_duration_s
         strategy = self._cheapest(progress.computed_tokens, api_s, load, swap_allowed=False)
         progress.assign(StrategyAssignment(index, strategy, load.now_s, progress.computed_tokens, api_s, "host-full"))
         return strategy
+
+    @staticmethod
+    def _remaining_call_s(progress: RequestProgress, load: EngineLoad) -> float:
+        """The true time left in the current call (INFERCEPT's oracle)."""
+        return progress.segment.api.duration_s - (load.now_s - progress.api_started_s)
 
     def _cheapest(self, context_tokens: int, api_s: float, load: EngineLoad, swap_allowed: bool | None = None) -> Strategy:
         wastes = call_wastes(context_tokens, api_s, load.running_kv_tokens, self.cost)

@@ -42,6 +42,8 @@ class WaitingQueue:
     _by_start: list[tuple[int, int, _Entry]] = field(default_factory=list)  # heap of (counter start, seq, entry)
     _sequence: int = 0
     _last_refresh: int = -1
+    _refreshed_at_s: float | None = None  # the iteration time the keys were last computed with
+    _popped: _Entry | None = None  # the entry `pop` returned last, for `push_back`
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -172,5 +174,3 @@ class WaitingQueue:
                 return entry
         return None
 
-    _popped: _Entry | None = None
-    _refreshed_at_s: float | None = None  # the iteration time the keys were last computed with
