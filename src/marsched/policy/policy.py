@@ -90,8 +90,8 @@ class Policy:
         request = progress.request
         progress.predictions = [self.predictor.predict(request, i) for i in range(len(request.segments))]
         progress.strategy = None
-        if progress.segment.api is None:
-            return
+        if progress.segment.api is None or progress.in_last_segment:
+            return  # no call, or a trailing call: the request's KV is freed at it, nothing to decide
         index = progress.segment_index
         if self.rule is StrategyRule.FIXED:
             progress.assign(StrategyAssignment(index, self.fixed_strategy, load.now_s, 0, 0.0, "fixed"))
@@ -193,7 +193,7 @@ class Policy:
             prediction = progress.predictions[later_index]
             context = context_at_call + previous.api_return_tokens
             strategy = None
-            if prediction.has_call:
+            if prediction.has_call and later_index < len(progress.predictions) - 1:
                 strategy = self._later_strategy(context + prediction.output_tokens, prediction.api_duration_s, load)
             outlook.append(SegmentOutlook(context, previous.api_return_tokens + 1, prediction.output_tokens, prediction, strategy))
             context_at_call = context + prediction.output_tokens

@@ -200,6 +200,9 @@ class Simulator:
             sim_request.host_blocks = 0
         self.trace.emit("api_end", self.now, sim_request.rid, segment=progress.segment_index,
                         return_tokens=call.return_tokens)
+        if progress.in_last_segment:
+            self._finish(sim_request)
+            return
         progress.context_tokens += call.return_tokens
         progress.segment_index += 1
         progress.generated = 0
@@ -456,13 +459,16 @@ class Simulator:
     def _end_segment(self, sim_request: SimRequest) -> None:
         progress = sim_request.progress
         self.running.remove(sim_request)
-        if progress.in_last_segment:
+        call = progress.segment.api
+        if call is None:
             self._finish(sim_request)
             return
-        call = progress.segment.api
         progress.api_started_s = self.now
         sim_request.api_end_s = self.now + call.duration_s
         sim_request.phase = Phase.PAUSED
+        if progress.in_last_segment:
+            self._start_trailing_call(sim_request)
+            return
         before = len(progress.assignments)
         strategy = self.policy.strategy_at_call(progress, self.load())
         if len(progress.assignments) > before:
@@ -472,6 +478,17 @@ class Simulator:
         self.trace.emit("api_start", self.now, sim_request.rid, segment=progress.segment_index,
                         strategy=progress.strategy.value, context_tokens=progress.computed_tokens,
                         duration_s=call.duration_s)
+        self._sequence += 1
+        heapq.heappush(self._calls, (sim_request.api_end_s, self._sequence, sim_request))
+
+    def _start_trailing_call(self, sim_request: SimRequest) -> None:
+        """The last segment's call: nothing is computed after it, so its KV is freed now."""
+        progress = sim_request.progress
+        self.device.release(sim_request.device_blocks)
+        sim_request.device_blocks = 0
+        progress.computed_tokens = 0
+        self.trace.emit("api_start", self.now, sim_request.rid, segment=progress.segment_index,
+                        strategy=None, context_tokens=progress.context_tokens, duration_s=progress.segment.api.duration_s)
         self._sequence += 1
         heapq.heappush(self._calls, (sim_request.api_end_s, self._sequence, sim_request))
 

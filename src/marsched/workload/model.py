@@ -42,7 +42,13 @@ class Segment:
 
 @dataclass(frozen=True, slots=True)
 class Request:
-    """An augmented request. Every segment but the last ends with an API call."""
+    """An augmented request. Every segment but the last ends with an API call; the last may too.
+
+    A request whose last segment ends with a call (a *trailing call*; the published
+    multi-API mixture has 184 of them) is finished when that call returns: the returned
+    tokens are appended and nothing more is generated, so the engines compute nothing
+    after it and free its KV cache at the call.
+    """
 
     request_id: str
     segments: tuple[Segment, ...]
@@ -55,7 +61,11 @@ class Request:
 
     @property
     def num_calls(self) -> int:
-        return len(self.segments) - 1
+        return sum(1 for s in self.segments if s.api is not None)
+
+    @property
+    def ends_with_call(self) -> bool:
+        return self.segments[-1].api is not None
 
     @property
     def output_tokens(self) -> int:
@@ -71,6 +81,7 @@ class Request:
 
     @property
     def final_context_tokens(self) -> int:
+        """The longest context whose KV cache is ever computed (a trailing call's return is not)."""
         return self.segments[-1].context_at_call
 
     def arriving_at(self, arrival_s: float, request_id: str) -> "Request":
@@ -87,6 +98,7 @@ def build_request(
     """Build a request from its prompt and (output tokens, call) per segment; contexts accumulate.
 
     The context of segment i+1 is the context of segment i, plus its output, plus the call's return.
+    The last segment may end with a call (a trailing call, see `Request`).
     """
     if not parts:
         raise ValueError(f"request {request_id!r}: no segments")
@@ -94,8 +106,6 @@ def build_request(
     context = prompt_tokens
     for index, (output_tokens, api) in enumerate(parts):
         last = index == len(parts) - 1
-        if last and api is not None:
-            raise ValueError(f"request {request_id!r}: the last segment cannot end with an API call")
         if not last and api is None:
             raise ValueError(f"request {request_id!r}: segment {index} has no API call but is not the last")
         segments.append(Segment(context, output_tokens, api))
