@@ -34,7 +34,7 @@ calls = st.builds(
 @st.composite
 def requests(draw):
     outputs = draw(st.lists(st.integers(0, 10**5), min_size=1, max_size=5))
-    apis = [draw(calls) for _ in outputs[:-1]] + [None]
+    apis = [draw(calls) for _ in outputs[:-1]] + [draw(st.none() | calls)]  # the last may be a trailing call
     ids = draw(st.lists(st.text(min_size=1, max_size=8), min_size=1, max_size=1))
     arrival = draw(st.floats(min_value=0, max_value=1e6, allow_nan=False, allow_infinity=False))
     return build_request(ids[0], draw(st.integers(0, 10**5)), list(zip(outputs, apis)), arrival)

@@ -11,8 +11,10 @@ import marsched.workload.infercept_json as infercept_json
 from marsched.workload import (
     ApiType,
     TraceError,
+    TRACE_NAMES,
     api_type_for_duration,
     api_type_for_id,
+    api_type_for_text_call,
     bundled_trace,
     count_tokens,
     load_bundled,
@@ -161,9 +163,48 @@ def test_id_labels(request_id, expected):
     assert api_type_for_id(request_id) is expected
 
 
-@pytest.mark.parametrize("name", ["bundled", "infercept_single_api", "infercept_single_api.json"])
+@pytest.mark.parametrize(
+    ("call_text", "request_id", "expected"),
+    [("Convert this to text to speech. ", "17_1", ApiType.TTS), ("Generate an image about this. ", "17_3", ApiType.IMAGE),
+     ("generate an image about this.", "17_2", ApiType.IMAGE), ("What next?", "17_1", ApiType.CHATBOT),
+     ("What next?", "17", ApiType.CHATBOT), ("", "17_3", ApiType.CHATBOT), ("Convert this to text to speech.", "abc", ApiType.TTS),
+     ("What next?", "abc", ApiType.OTHER)],
+)
+def test_text_call_labels(call_text, request_id, expected):
+    assert api_type_for_text_call(request_id, call_text) is expected
+
+
+def test_text_calls_are_labelled_one_by_one(tmp_path):
+    trace = tmp_path / "t.json"
+    trace.write_text(json.dumps({"4_1": [
+        {"prompt": "Hi", "completion": " there", "api_time": 2.0, "api_token": "Convert this to text to speech. "},
+        {"completion": " done", "api_time": 20.0, "api_token": " And now?"},
+        {"completion": " ok"},
+    ]}))
+    (request,) = load_trace(trace)
+    assert [s.api.api_type for s in request.segments[:2]] == [ApiType.TTS, ApiType.CHATBOT]
+
+
+@pytest.mark.parametrize("name", ["bundled", "single", "infercept_single_api", "infercept_single_api.json"])
 def test_bundled_names(name, requests):
     assert load_trace(name) == requests
+
+
+def test_trace_names_are_the_short_names():
+    assert TRACE_NAMES == ("single", "multi", "agent")
+
+
+@pytest.mark.parametrize("name", ["mutli", "bundle", "agent.json"])
+def test_unknown_name_lists_the_valid_ones(name):
+    with pytest.raises(TraceError) as caught:
+        load_trace(name)
+    message = str(caught.value)
+    if name.endswith(".json"):
+        assert "no such file" in message  # a path, not a name: the file is looked for
+    else:
+        assert "unknown trace format" in message
+        for valid in ("single", "multi", "agent", "bundled", "infercept_multi_api", "agent_long_context.jsonl"):
+            assert valid in message
 
 
 def test_path_and_packaged_copy_load_the_same(requests):
@@ -175,8 +216,12 @@ def test_path_and_packaged_copy_load_the_same(requests):
 def test_packaged_data_matches_the_repository_copy():
     packaged = files("marsched.workload") / "data"
     assert (packaged / "infercept_single_api.json").read_bytes() == bundled_trace().read_bytes()
-    for name in ("infercept_single_api.json", "LICENSE-apache-2.0.txt", "README.md"):
+    names = ("infercept_single_api.json", "infercept_multi_api.json", "agent_long_context.jsonl",
+             "LICENSE-apache-2.0.txt", "README.md")
+    for name in names:
         assert (packaged / name).read_bytes() == (REPO_DATA / name).read_bytes(), name
+    # Nothing bundled in one place only: the two folders hold the same files.
+    assert sorted(p.name for p in packaged.iterdir()) == sorted(p.name for p in REPO_DATA.iterdir())
 
 
 def test_jsonl_dispatch(tmp_path, requests):

@@ -3,6 +3,9 @@
 from __future__ import annotations
 
 import sys
+import warnings
+from collections.abc import Iterator
+from contextlib import contextmanager
 from pathlib import Path
 from typing import Annotated
 
@@ -15,7 +18,8 @@ from marsched.bench.report import plot_latency, write_json
 from marsched.bench.runner import RunSpec, grid, run_grid, run_one
 from marsched.policy.registry import POLICY_NAMES, parse_threshold
 from marsched.sim.profile import profile_names
-from marsched.workload.loader import load_trace
+from marsched.workload.errors import TraceWarning
+from marsched.workload.loader import TRACE_NAMES, load_trace
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="MARS scheduling for augmented LLM requests: simulate and compare policies.")
@@ -23,7 +27,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console(width=None if sys.stdout.isatty() else 150)
 errors = Console(stderr=True)
 
-TraceOpt = Annotated[str, typer.Option(help="Trace file (.json INFERCEPT format, .jsonl ours) or 'bundled'.")]
+TraceOpt = Annotated[str, typer.Option(
+    help=f"Trace file (.json INFERCEPT/MARS format, .jsonl ours) or a bundled trace: {', '.join(TRACE_NAMES)} "
+         "('bundled' is single).")]
+StrictOpt = Annotated[bool, typer.Option(
+    "--strict", help="Reject trace values that are otherwise read leniently with a warning (negative API returns).")]
 ProfileOpt = Annotated[str, typer.Option(help="Profile name or path to a profile .json.")]
 DurationOpt = Annotated[float, typer.Option(help="Seconds of Poisson arrivals; the run then drains.")]
 SeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and noisy predictions.")]
@@ -68,6 +76,29 @@ def _table(records: list[dict]) -> Table:
     return table
 
 
+@contextmanager
+def _trace_warnings_once() -> Iterator[None]:
+    """Print each distinct TraceWarning once, as one line on stderr, however often the trace is loaded.
+
+    A run loads its trace more than once (here to fail early, again in each worker);
+    workers forked from this process inherit the set of warnings already shown.
+    """
+    shown: set[str] = set()
+    default_show = warnings.showwarning
+
+    def show(message, category, filename, lineno, file=None, line=None) -> None:
+        if not issubclass(category, TraceWarning):
+            default_show(message, category, filename, lineno, file, line)
+        elif str(message) not in shown:
+            shown.add(str(message))
+            errors.print(f"[bold yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+
+    with warnings.catch_warnings():  # restores the filters and showwarning afterwards
+        warnings.simplefilter("always", TraceWarning)
+        warnings.showwarning = show
+        yield
+
+
 def _progress() -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=errors, transient=True, disable=not sys.stderr.isatty())
@@ -87,15 +118,18 @@ def simulate(
     refresh_interval: RefreshOpt = 1,
     json_path: JsonOpt = None,
     trace_out: Annotated[Path | None, typer.Option(help="Write the event trace (JSONL) here.")] = None,
+    strict: StrictOpt = False,
 ) -> None:
     """Simulate one policy at one arrival rate."""
     try:
         if qps <= 0 or duration <= 0:
             raise ValueError("--qps and --duration must be positive")
         spec = RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator,
-                       _threshold(starvation_threshold), refresh_interval, str(trace_out) if trace_out else None)
+                       _threshold(starvation_threshold), refresh_interval, str(trace_out) if trace_out else None,
+                       strict=strict)
         spec.build()
-        templates = load_trace(trace)
+        with _trace_warnings_once():
+            templates = load_trace(trace, strict=strict)
         with _progress() as progress:
             task = progress.add_task(f"{policy} @ {qps:g} qps", total=None)
             record = run_one(spec, templates, on_progress=lambda done, total: progress.update(task, completed=done, total=total))
@@ -124,22 +158,24 @@ def compare(
     json_path: JsonOpt = None,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of mean and p99 latency against QPS.")] = None,
     workers: Annotated[int, typer.Option(help="Parallel processes (0: one per core).")] = 0,
+    strict: StrictOpt = False,
 ) -> None:
     """Run several policies at several arrival rates on the same workload and engine."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
     rates = _numbers(qps, "--qps")
     try:
         base = RunSpec(names[0] if names else "", rates[0], trace, profile, duration, seed, predictor,
-                       api_estimator, _threshold(starvation_threshold), refresh_interval)
+                       api_estimator, _threshold(starvation_threshold), refresh_interval, strict=strict)
         if duration <= 0:
             raise ValueError("--duration must be positive")
         specs = grid(base, names, rates)
         if not specs:
             raise ValueError(f"--policies: name at least one of {', '.join(POLICY_NAMES)}")
-        load_trace(trace)  # a bad trace fails here, before any process starts
-        with _progress() as progress:
-            task = progress.add_task(f"{len(specs)} runs", total=len(specs))
-            records = run_grid(specs, workers or None, on_done=lambda _: progress.advance(task))
+        with _trace_warnings_once():  # the workers load the trace again; its warnings show once
+            load_trace(trace, strict=strict)  # a bad trace fails here, before any process starts
+            with _progress() as progress:
+                task = progress.add_task(f"{len(specs)} runs", total=len(specs))
+                records = run_grid(specs, workers or None, on_done=lambda _: progress.advance(task))
     except ValueError as error:
         _fail(str(error))
     console.print(_table(records))

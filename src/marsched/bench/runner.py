@@ -37,6 +37,7 @@ class RunSpec:
     starvation_threshold: int | None | str = _DEFAULT  # "default": the policy's own
     refresh_interval: int = 1
     trace_out: str | None = None
+    strict: bool = False  # reject trace values the loader would otherwise read leniently, with a warning
 
     def build(self):
         """Profile and policy for this spec; raises ValueError naming what is wrong."""
@@ -50,7 +51,7 @@ class RunSpec:
 def run_one(spec: RunSpec, templates: list[Request] | None = None,
             on_progress: Callable[[int, int], None] | None = None) -> dict:
     """Simulate one spec and return its metrics record (the keys of the JSON output)."""
-    templates = templates if templates is not None else load_trace(spec.trace)
+    templates = templates if templates is not None else load_trace(spec.trace, strict=spec.strict)
     profile, policy = spec.build()
     requests = poisson_arrivals(templates, spec.qps, spec.duration_s, spec.seed)
     trace = TraceFile(spec.trace_out) if spec.trace_out else EventTrace()
@@ -84,7 +85,7 @@ _worker_templates: dict[str, list[Request]] = {}
 
 def _run_in_worker(spec: RunSpec) -> dict:
     if spec.trace not in _worker_templates:
-        _worker_templates[spec.trace] = load_trace(spec.trace)
+        _worker_templates[spec.trace] = load_trace(spec.trace, strict=spec.strict)
     return run_one(spec, _worker_templates[spec.trace])
 
 

@@ -5,9 +5,12 @@
 Request keys: ``id`` (non-empty string, unique in the file), ``prompt_tokens`` (integer >= 0),
 ``segments`` (non-empty list), and optionally ``arrival_s`` (seconds >= 0, default 0) and
 ``template_id`` (string: the request this one was sampled from). Segment keys:
-``output_tokens`` (integer >= 0) and, on every segment but the last, ``api`` with ``type``
-(one of the `ApiType` values: math, qa, ve, chatbot, tts, image, other), ``duration_s``
-(seconds >= 0) and ``return_tokens`` (integer >= 0). Contexts are not stored: segment i+1
+``output_tokens`` (integer >= 0) and ``api`` with ``type`` (one of the `ApiType` values:
+math, qa, ve, chatbot, tts, image, tool, other), ``duration_s`` (seconds >= 0) and
+``return_tokens`` (integer >= 0). ``api`` is required on every segment but the last and
+optional on the last (a trailing call: the request ends when it returns, see `Request`).
+The format is our own, so it is always strict: a negative count is an error, never read as
+0 as the INFERCEPT loader does by default. Contexts are not stored: segment i+1
 starts from segment i's context + output + API return. Unknown keys are errors, so that a
 misspelt optional key is not silently ignored. Blank lines are skipped; requests keep the
 file's order. The full description, with examples, is docs/trace-format.md.
@@ -133,10 +136,8 @@ def _parse_segment(segment: object, last: bool, source: Source, where: str) -> t
         raise TraceError(source, where, None, f"must be a JSON object, got {describe(segment)}")
     _reject_unknown(segment, _SEGMENT_KEYS, source, where)
     output_tokens = require_count(_required(segment, "output_tokens", source, where), source, where, "output_tokens")
-    if last:
-        if "api" in segment:
-            raise TraceError(source, where, "api", "the last segment cannot have an API call")
-        return output_tokens, None
+    if last and "api" not in segment:
+        return output_tokens, None  # the last segment may end with a call (a trailing call) or not
     api = _required(segment, "api", source, where)
     if not isinstance(api, dict):
         raise TraceError(source, where, "api", f"must be a JSON object, got {describe(api)}")

@@ -7,7 +7,7 @@ from enum import Enum
 
 
 class ApiType(str, Enum):
-    """The augmentation behind an API call (the six of the INFERCEPT mixture, plus a catch-all)."""
+    """The augmentation behind an API call: the six of the INFERCEPT mixture, an agent's tool, a catch-all."""
 
     MATH = "math"
     QA = "qa"
@@ -15,6 +15,9 @@ class ApiType(str, Enum):
     CHATBOT = "chatbot"
     TTS = "tts"
     IMAGE = "image"
+    # A coding or research agent's tool call (search, file read, code run): its own type so that
+    # per-type duration estimates of agent workloads are not mixed with unlabelled calls.
+    TOOL = "tool"
     OTHER = "other"
 
 
