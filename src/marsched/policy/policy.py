@@ -6,9 +6,11 @@ never decide on their own. The named policies are built in `registry.py`.
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 from enum import Enum
 
+from marsched.policy.admission import Admission, KvOutlook, predicted_peak_tokens
 from marsched.policy.cost_model import CostModel
 from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress, StrategyAssignment
@@ -32,22 +34,53 @@ class StrategyRule(str, Enum):
     END_AT_CALL = "end-at-call"  # the request leaves at the call and queues again at the tail
 
 
+class StarvationClock(str, Enum):
+    ITERATIONS = "iterations"  # scheduling iterations spent waiting (the MARS paper and code)
+    SECONDS = "seconds"  # engine seconds spent waiting
+
+
+class StarvationCount(str, Enum):
+    ALL_WAITING = "all-waiting"  # every waiting request counts
+    REQUEUED = "requeued"  # only requests that ran before (preempted or discarded): the MARS code
+
+
+class Protection(str, Enum):
+    QUANTUM = "quantum"  # not a preemption victim for `quantum` iterations after admission
+    SEGMENT = "segment"  # not a preemption victim until its current segment ends
+
+
 @dataclass(frozen=True, slots=True)
 class StarvationConfig:
-    """Promote a request after `threshold` iterations of waiting; protect it for `quantum` iterations.
+    """Promote a request that waited `threshold` (in `clock` units); protect it once admitted.
 
-    Default threshold 100 iterations as in the MARS code's benchmark script; the quantum of
-    100000 iterations is the same script's value (in effect: until the request finishes).
+    A promoted request goes ahead of the ranking, in promotion order, and is protected from
+    preemption (`protection`). Its counter survives preemption and resets at promotion.
+    `threshold=None` turns prevention off. The defaults are the MARS code's benchmark
+    script's: 100 iterations, and a quantum of 100,000 iterations (in effect, until the
+    request finishes). The named variants are in `registry.py`.
     """
 
-    threshold: int | None = 100  # None: off
+    threshold: float | None = 100  # None: off
     quantum: int = 100_000
+    clock: StarvationClock = StarvationClock.ITERATIONS
+    counts: StarvationCount = StarvationCount.ALL_WAITING
+    protection: Protection = Protection.QUANTUM
 
     def __post_init__(self) -> None:
-        if self.threshold is not None and self.threshold < 1:
-            raise ValueError(f"starvation threshold must be >= 1 or off, got {self.threshold}")
+        if self.threshold is not None and not (self.threshold > 0 and math.isfinite(self.threshold)):
+            raise ValueError(f"starvation threshold must be > 0 or off, got {self.threshold}")
+        if self.clock is StarvationClock.ITERATIONS and self.threshold is not None and self.threshold < 1:
+            raise ValueError(f"starvation threshold in iterations must be >= 1, got {self.threshold}")
         if self.quantum < 0:
             raise ValueError(f"starvation quantum must be >= 0, got {self.quantum}")
+
+    @property
+    def enabled(self) -> bool:
+        return self.threshold is not None
+
+    def counts_for(self, progress: RequestProgress) -> bool:
+        """Whether this request's waiting counts towards promotion."""
+        return self.enabled and (self.counts is StarvationCount.ALL_WAITING or progress.ran_before)
 
 
 @dataclass(slots=True)
@@ -62,6 +95,7 @@ class Policy:
     refresh_interval: int = 1  # recompute queue keys every k iterations...
     refresh_tolerance: float = 0.05  # ...when the load they follow moved by more than this fraction
     terms: RankingTerms = field(default_factory=RankingTerms)
+    admission: Admission = Admission.GREEDY
 
     def __post_init__(self) -> None:
         if self.refresh_interval < 1:
@@ -152,6 +186,39 @@ class Policy:
         if swap_allowed is None:
             swap_allowed = load.host_free_tokens >= context_tokens
         return cheapest(wastes, swap_allowed=swap_allowed)
+
+    # --- starvation protection and admission ------------------------------------------
+
+    def protect(self, progress: RequestProgress, iteration: int) -> None:
+        """A promoted request is being admitted: protect it from preemption."""
+        progress.promoted = False
+        if self.starvation.protection is Protection.QUANTUM:
+            progress.protected_until_iteration = iteration + self.starvation.quantum
+        else:
+            progress.protected_segment = progress.segment_index
+
+    def is_protected(self, progress: RequestProgress, iteration: int) -> bool:
+        if self.starvation.protection is Protection.QUANTUM:
+            return progress.protected_until_iteration > iteration
+        return progress.protected_segment == progress.segment_index
+
+    def kv_outlook(self, progress: RequestProgress) -> KvOutlook:
+        """The request's device KV over its current segment, from the predictions."""
+        prediction = progress.predictions[progress.segment_index]
+        decode_left = max(prediction.output_tokens - progress.generated, 1)
+        held_after = progress.strategy is Strategy.PRESERVE and not progress.in_last_segment
+        return KvOutlook(progress.context_tokens, decode_left, held_after)
+
+    def admits(self, candidate: RequestProgress, running: list[RequestProgress], other_tokens: int,
+               capacity_tokens: int, block_tokens: int) -> bool:
+        """Whether `candidate` may join `running` now. `other_tokens` is device KV held outside the
+        batch (preserved calls, transfers). Always true for greedy admission."""
+        if self.admission is Admission.GREEDY or not running:
+            return True
+        outlooks = [self.kv_outlook(p) for p in running]
+        outlooks.append(self.kv_outlook(candidate))
+        peak = predicted_peak_tokens(outlooks, rounding_tokens=block_tokens / 2)
+        return other_tokens + peak <= capacity_tokens
 
     # --- order ------------------------------------------------------------------------
 

@@ -36,6 +36,9 @@ class RequestProgress:
     waited_iterations: int = 0  # starvation counter carried while out of the queue (kept across preemption)
     promoted: bool = False  # starvation prevention moved it ahead of the queue's order
     protected_until_iteration: int = -1  # starvation quantum: not a preemption victim before this
+    protected_segment: int = -1  # segment protection: not a preemption victim while in this segment
+    waited_s: float = 0.0  # like `waited_iterations`, in engine seconds
+    ran_before: bool = False  # admitted at least once (a later stay in the queue is a re-queue)
 
     def __post_init__(self) -> None:
         if not self.context_tokens:

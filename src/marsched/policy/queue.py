@@ -4,23 +4,26 @@ Keys are cached at entry and recomputed every `refresh_interval` iterations for 
 that follow the engine's load (a heapify: O(n), not a sort). Between refreshes,
 pushing and popping cost O(log n).
 
-Starvation counters are kept lazily: a request's counter is the number of iterations it
-has spent in the queue since it arrived or was last promoted, across preemptions
-(`RequestProgress.waited_iterations` carries the count while it is out of the queue).
-A heap ordered by the iteration each count started at finds every request that reached
-the threshold in O(log n) per promotion. A promoted request goes ahead of key order,
-in promotion order, until it is scheduled.
+Starvation counters are kept lazily: a request's counter is the time it has spent in the
+queue since it arrived or was last promoted, across preemptions, in the policy's
+starvation clock (iterations or engine seconds; `RequestProgress.waited_iterations` and
+`waited_s` carry the count while it is out of the queue). Requests whose waiting does
+not count (the `requeued` rule: fresh arrivals) have no counter. A heap ordered by the
+moment each count started finds every request that reached the threshold in O(log n)
+per promotion. A promoted request goes ahead of key order, in promotion order, until it
+is scheduled.
 """
 
 from __future__ import annotations
 
 import heapq
+import math
 from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from marsched.policy.load import EngineLoad
-from marsched.policy.policy import Policy
+from marsched.policy.policy import Policy, StarvationClock
 from marsched.policy.progress import RequestProgress
 
 
@@ -28,7 +31,8 @@ from marsched.policy.progress import RequestProgress
 class _Entry:
     progress: RequestProgress
     key: float
-    since_iteration: int
+    since: float  # when the starvation count started, in the policy's clock
+    counted: bool  # whether its waiting counts towards promotion
     promoted: bool = False
     live: bool = True
 
@@ -51,13 +55,21 @@ class WaitingQueue:
     def __contains__(self, request_id: str) -> bool:
         return request_id in self._entries
 
+    def _clock(self, iteration: int, now_s: float) -> float:
+        return now_s if self.policy.starvation.clock is StarvationClock.SECONDS else iteration
+
     def push(self, progress: RequestProgress, load: EngineLoad, iteration: int) -> None:
         if progress.request_id in self._entries:
             raise ValueError(f"request {progress.request_id!r} is already waiting")
-        entry = _Entry(progress, self.policy.queue_key(progress, load), iteration - progress.waited_iterations)
+        counted = self.policy.starvation.counts_for(progress)
+        clock = self.policy.starvation.clock
+        waited = progress.waited_s if clock is StarvationClock.SECONDS else progress.waited_iterations
+        since = self._clock(iteration, load.now_s) - waited
+        entry = _Entry(progress, self.policy.queue_key(progress, load), since, counted)
         self._entries[progress.request_id] = entry
         self._push_heap(entry)
-        heapq.heappush(self._by_start, (entry.since_iteration, self._next_sequence(), entry))
+        if counted:
+            heapq.heappush(self._by_start, (entry.since, self._next_sequence(), entry))
 
     def push_back(self, progress: RequestProgress) -> None:
         """Return a request just popped and not scheduled to where it was (its counter keeps running)."""
@@ -68,27 +80,34 @@ class WaitingQueue:
         entry.live = True
         self._entries[progress.request_id] = entry
         progress.waited_iterations = 0
+        progress.waited_s = 0.0
         if entry.promoted:
             self._promoted.appendleft(entry)
         else:
             self._push_heap(entry)
 
-    def pop(self, iteration: int) -> RequestProgress | None:
+    def pop(self, iteration: int, now_s: float = 0.0) -> RequestProgress | None:
         """The next request in order (promoted first), removed from the queue."""
         entry = self._pop_promoted() or self._pop_heap()
         self._popped = entry
         if entry is None:
             return None
-        self._leave(entry, iteration)
+        self._leave(entry, iteration, now_s)
         return entry.progress
 
-    def remove(self, request_id: str, iteration: int) -> None:
-        self._leave(self._entries[request_id], iteration)
+    def remove(self, request_id: str, iteration: int, now_s: float = 0.0) -> None:
+        self._leave(self._entries[request_id], iteration, now_s)
 
-    def _leave(self, entry: _Entry, iteration: int) -> None:
+    def _leave(self, entry: _Entry, iteration: int, now_s: float) -> None:
         entry.live = False
         del self._entries[entry.progress.request_id]
-        entry.progress.waited_iterations = iteration - entry.since_iteration
+        if not entry.counted:
+            return
+        waited = self._clock(iteration, now_s) - entry.since
+        if self.policy.starvation.clock is StarvationClock.SECONDS:
+            entry.progress.waited_s = waited
+        else:
+            entry.progress.waited_iterations = int(waited)
 
     def ordered(self) -> Iterator[RequestProgress]:
         """All waiting requests in order, without removing them (O(n log n): for tests and reports)."""
@@ -98,39 +117,57 @@ class WaitingQueue:
 
     # --- starvation -------------------------------------------------------------------
 
-    def starvation_counter(self, request_id: str, iteration: int) -> int:
-        return iteration - self._entries[request_id].since_iteration
+    def starvation_counter(self, request_id: str, iteration: int, now_s: float = 0.0) -> float:
+        """The request's counter in the policy's starvation clock (0 if its waiting does not count)."""
+        entry = self._entries[request_id]
+        return self._clock(iteration, now_s) - entry.since if entry.counted else 0
 
-    def promote_starving(self, iteration: int) -> list[RequestProgress]:
+    def promote_starving(self, iteration: int, now_s: float = 0.0) -> list[RequestProgress]:
         """Promote every request whose counter reached the threshold; returns them."""
         threshold = self.policy.starvation.threshold
         promoted: list[RequestProgress] = []
         if threshold is None:
             return promoted
+        clock = self._clock(iteration, now_s)
         while self._by_start:
             _, _, entry = self._by_start[0]
             if not entry.live or entry.promoted:
                 heapq.heappop(self._by_start)
                 continue
-            if iteration - entry.since_iteration < threshold:
+            if clock - entry.since < threshold:
                 break
             heapq.heappop(self._by_start)
             entry.promoted = True
             entry.progress.promoted = True
-            entry.since_iteration = iteration  # the counter resets at promotion
+            entry.since = clock  # the counter resets at promotion
             self._promoted.append(entry)
             promoted.append(entry.progress)
         return promoted
 
-    def iterations_to_next_promotion(self, iteration: int) -> int | None:
-        threshold = self.policy.starvation.threshold
-        if threshold is None:
-            return None
+    def _next_start(self) -> float | None:
         while self._by_start and (not self._by_start[0][2].live or self._by_start[0][2].promoted):
             heapq.heappop(self._by_start)
-        if not self._by_start:
+        return self._by_start[0][0] if self._by_start else None
+
+    def iterations_to_next_promotion(self, iteration: int) -> int | None:
+        """For an iteration clock: iterations until the next promotion is due (>= 1), or None."""
+        threshold = self.policy.starvation.threshold
+        if threshold is None or self.policy.starvation.clock is not StarvationClock.ITERATIONS:
             return None
-        return max(self._by_start[0][0] + threshold - iteration, 1)
+        start = self._next_start()
+        if start is None:
+            return None
+        return max(math.ceil(start + threshold - iteration), 1)
+
+    def seconds_to_next_promotion(self, now_s: float) -> float | None:
+        """For a seconds clock: seconds until the next promotion is due (>= 0), or None."""
+        threshold = self.policy.starvation.threshold
+        if threshold is None or self.policy.starvation.clock is not StarvationClock.SECONDS:
+            return None
+        start = self._next_start()
+        if start is None:
+            return None
+        return max(start + threshold - now_s, 0.0)
 
     # --- keys -------------------------------------------------------------------------
 

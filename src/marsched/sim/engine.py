@@ -134,6 +134,8 @@ class Simulator:
         while len(self.records) < total:
             self._take_arrivals()
             self._take_returns()
+            if len(self.records) == total:
+                break  # the last request ended with a call that just returned
             self._reconsider_paused()
             self._promote_starving()
             self.queue.refresh(self.load(), self.iteration)
@@ -235,7 +237,7 @@ class Simulator:
             sim_request.strategies_run[-1] = sim_request.progress.strategy.value
 
     def _promote_starving(self) -> None:
-        for progress in self.queue.promote_starving(self.iteration):
+        for progress in self.queue.promote_starving(self.iteration, self.now):
             self.trace.emit("promote", self.now, progress.request_id, counter=self.policy.starvation.threshold)
 
     # --- scheduling -------------------------------------------------------------------
@@ -272,10 +274,13 @@ class Simulator:
     def _admit_from_queue(self, batch: dict[str, tuple[SimRequest, int]], budget: int) -> bool:
         admitted = False
         while budget > 0:
-            progress = self.queue.pop(self.iteration)
+            progress = self.queue.pop(self.iteration, self.now)
             if progress is None:
                 break
             sim_request = self.live[progress.request_id]
+            if not self._admissible(sim_request):
+                self.queue.push_back(progress)
+                break
             if sim_request.phase is Phase.SWAPPED:
                 if not self._start_swap_in(sim_request):
                     self.queue.push_back(progress)
@@ -295,13 +300,21 @@ class Simulator:
             admitted = True
         return admitted
 
+    def _admissible(self, sim_request: SimRequest) -> bool:
+        """The policy's admission rule, given the running batch and the KV held outside it."""
+        running = [r.progress for r in self.running]
+        batch_blocks = sum(r.device_blocks for r in self.running)
+        other_tokens = (self.device.used - batch_blocks) * self.block_tokens
+        return self.policy.admits(sim_request.progress, running, other_tokens,
+                                  self.device.capacity * self.block_tokens, self.block_tokens)
+
     def _leave_queue(self, sim_request: SimRequest, prefill_tokens: int) -> None:
         wait = self.now - sim_request.wait_since_s
         sim_request.max_wait_s = max(sim_request.max_wait_s, wait)
         progress = sim_request.progress
+        progress.ran_before = True
         if progress.promoted:
-            progress.promoted = False
-            progress.protected_until_iteration = self.iteration + self.policy.starvation.quantum
+            self.policy.protect(progress, self.iteration)
         self.trace.emit("admit", self.now, sim_request.rid, segment=sim_request.progress.segment_index,
                         prefill_tokens=prefill_tokens, wait_s=wait)
 
@@ -320,7 +333,7 @@ class Simulator:
         load = self.load()
         candidates = [
             r for r in self.running
-            if r.phase is Phase.RUNNING and r.progress.protected_until_iteration <= self.iteration
+            if r.phase is Phase.RUNNING and not self.policy.is_protected(r.progress, self.iteration)
         ]
         if not candidates:
             return requester
@@ -416,7 +429,7 @@ class Simulator:
         return low
 
     def _seconds_to_next_event(self) -> float | None:
-        """Time from now to the next arrival, call return or transfer completion."""
+        """Time from now to the next arrival, call return, transfer completion or promotion (seconds clock)."""
         times = []
         if self._next_arrival < len(self.pending):
             times.append(self.pending[self._next_arrival].arrival_s - self.now)
@@ -426,6 +439,9 @@ class Simulator:
             seconds = link.seconds_to_next_completion()
             if seconds is not None:
                 times.append(seconds)
+        promotion = self.queue.seconds_to_next_promotion(self.now)
+        if promotion is not None:
+            times.append(promotion)
         return max(min(times), 0.0) if times else None
 
     def _idle_until_next_event(self) -> None:
