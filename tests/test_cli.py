@@ -54,7 +54,7 @@ def test_simulate_writes_an_event_trace(tmp_path):
     ("--policy", "fifo", "valid: vllm, infercept, sjf, preserve, discard, swap, mars"),
     ("--profile", "h100", "valid: gptj-6b-a100, vicuna-13b-2xa100"),
     ("--predictor", "magic", "valid: oracle, noisy:SIGMA"),
-    ("--starvation-threshold", "-3", "positive integer or 'off'"),
+    ("--starvation-threshold", "-3", "positive number or 'off'"),
 ])
 def test_unknown_names_list_the_valid_ones(tmp_path, option, value, expected):
     out = tmp_path / "out.json"

@@ -16,7 +16,7 @@ from rich.table import Table
 
 from marsched.bench.report import plot_latency, write_json
 from marsched.bench.runner import RunSpec, grid, run_grid, run_one
-from marsched.policy.registry import POLICY_NAMES, parse_threshold
+from marsched.policy.registry import POLICY_NAMES, STARVATION_NAMES, parse_threshold
 from marsched.sim.profile import profile_names
 from marsched.workload.errors import TraceWarning
 from marsched.workload.loader import TRACE_NAMES, load_trace
@@ -37,7 +37,12 @@ DurationOpt = Annotated[float, typer.Option(help="Seconds of Poisson arrivals; t
 SeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and noisy predictions.")]
 PredictorOpt = Annotated[str, typer.Option(help="Output-length predictor: oracle or noisy:SIGMA.")]
 ApiOpt = Annotated[str, typer.Option("--api-estimator", help="API-duration estimate: type-mean or oracle.")]
-StarvationOpt = Annotated[str, typer.Option(help="Iterations before a waiting request is promoted, 'off', or 'default'.")]
+StarvationOpt = Annotated[str, typer.Option(
+    help="Starvation threshold in the variant's units (seconds for 'age', iterations for the others), 'off', or 'default'.")]
+VariantOpt = Annotated[str, typer.Option(
+    "--starvation", help=f"Starvation prevention variant: {', '.join(STARVATION_NAMES)}, or 'default' (age for mars, off for the others).")]
+AdmissionOpt = Annotated[str, typer.Option(
+    help="Admission: greedy, predicted-peak, or 'default' (predicted-peak for mars, greedy for the others).")]
 RefreshOpt = Annotated[int, typer.Option(help="Recompute ranking keys every k iterations.")]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the metrics records (a JSON list) here.")]
 
@@ -115,6 +120,8 @@ def simulate(
     predictor: PredictorOpt = "oracle",
     api_estimator: ApiOpt = "type-mean",
     starvation_threshold: StarvationOpt = "default",
+    starvation: VariantOpt = "default",
+    admission: AdmissionOpt = "default",
     refresh_interval: RefreshOpt = 1,
     json_path: JsonOpt = None,
     trace_out: Annotated[Path | None, typer.Option(help="Write the event trace (JSONL) here.")] = None,
@@ -126,7 +133,7 @@ def simulate(
             raise ValueError("--qps and --duration must be positive")
         spec = RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator,
                        _threshold(starvation_threshold), refresh_interval, str(trace_out) if trace_out else None,
-                       strict=strict)
+                       strict=strict, starvation=starvation, admission=admission)
         spec.build()
         with _trace_warnings_once():
             templates = load_trace(trace, strict=strict)
@@ -154,6 +161,8 @@ def compare(
     predictor: PredictorOpt = "oracle",
     api_estimator: ApiOpt = "type-mean",
     starvation_threshold: StarvationOpt = "default",
+    starvation: VariantOpt = "default",
+    admission: AdmissionOpt = "default",
     refresh_interval: RefreshOpt = 1,
     json_path: JsonOpt = None,
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of mean and p99 latency against QPS.")] = None,
@@ -165,7 +174,8 @@ def compare(
     rates = _numbers(qps, "--qps")
     try:
         base = RunSpec(names[0] if names else "", rates[0], trace, profile, duration, seed, predictor,
-                       api_estimator, _threshold(starvation_threshold), refresh_interval, strict=strict)
+                       api_estimator, _threshold(starvation_threshold), refresh_interval, strict=strict,
+                       starvation=starvation, admission=admission)
         if duration <= 0:
             raise ValueError("--duration must be positive")
         specs = grid(base, names, rates)
@@ -191,6 +201,7 @@ def compare(
 def list_names() -> None:
     """The policies and profiles there are."""
     console.print("policies: " + ", ".join(POLICY_NAMES))
+    console.print("starvation variants: " + ", ".join(STARVATION_NAMES))
     console.print("profiles: " + ", ".join(profile_names()))
 
 

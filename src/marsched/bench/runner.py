@@ -9,7 +9,7 @@ from dataclasses import dataclass, replace
 
 from marsched.metrics.records import summarize
 from marsched.metrics.trace import EventTrace, TraceFile
-from marsched.policy.registry import make_policy
+from marsched.policy.registry import STARVATION_VARIANTS, make_policy
 from marsched.predict.api_duration import parse_api_estimator
 from marsched.predict.length import parse_length_predictor
 from marsched.predict.segment import SegmentPredictor
@@ -38,12 +38,18 @@ class RunSpec:
     refresh_interval: int = 1
     trace_out: str | None = None
     strict: bool = False  # reject trace values the loader would otherwise read leniently, with a warning
+    starvation: str = _DEFAULT  # a starvation variant name, or "default": the policy's own
+    admission: str = _DEFAULT  # greedy | predicted-peak, or "default": the policy's own
 
     def build(self):
         """Profile and policy for this spec; raises ValueError naming what is wrong."""
         profile = load_profile(self.profile)
         predictor = SegmentPredictor(parse_length_predictor(self.predictor, self.seed), parse_api_estimator(self.api_estimator))
         extra = {} if self.starvation_threshold == _DEFAULT else {"starvation_threshold": self.starvation_threshold}
+        if self.starvation != _DEFAULT:
+            extra["starvation"] = self.starvation
+        if self.admission != _DEFAULT:
+            extra["admission"] = self.admission
         policy = make_policy(self.policy, profile.cost, predictor, refresh_interval=self.refresh_interval, **extra)
         return profile, policy
 
@@ -70,7 +76,9 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
         "duration_s": spec.duration_s,
         "seed": spec.seed,
         "predictor": policy.predictor.name,
+        "starvation": _variant_name(policy),
         "starvation_threshold": policy.starvation.threshold,
+        "admission": policy.admission.value,
         "refresh_interval": policy.refresh_interval,
         "num_requests": len(requests),
     }
@@ -78,6 +86,16 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
     record["iterations"] = result.iterations
     record["wallclock_s"] = result.wallclock_s
     return record
+
+
+def _variant_name(policy) -> str:
+    """The named starvation variant the policy's rule comes from (threshold aside)."""
+    for name, config in STARVATION_VARIANTS.items():
+        if replace(config, threshold=policy.starvation.threshold) == policy.starvation and (
+            (config.threshold is None) == (policy.starvation.threshold is None)
+        ):
+            return name
+    return "custom"
 
 
 _worker_templates: dict[str, list[Request]] = {}

@@ -65,6 +65,7 @@ class StarvationConfig:
     clock: StarvationClock = StarvationClock.ITERATIONS
     counts: StarvationCount = StarvationCount.ALL_WAITING
     protection: Protection = Protection.QUANTUM
+    for_life: bool = False  # a promotion lasts for the request's remaining segments, first come first served
 
     def __post_init__(self) -> None:
         if self.threshold is not None and not (self.threshold > 0 and math.isfinite(self.threshold)):

@@ -38,6 +38,7 @@ class RequestProgress:
     protected_until_iteration: int = -1  # starvation quantum: not a preemption victim before this
     protected_segment: int = -1  # segment protection: not a preemption victim while in this segment
     waited_s: float = 0.0  # like `waited_iterations`, in engine seconds
+    elder: bool = False  # promoted for the rest of its life (starvation `for_life`)
     ran_before: bool = False  # admitted at least once (a later stay in the queue is a re-queue)
 
     def __post_init__(self) -> None:

@@ -18,13 +18,17 @@ from __future__ import annotations
 
 import heapq
 import math
-from collections import deque
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy, StarvationClock
 from marsched.policy.progress import RequestProgress
+
+
+# A count this close to the threshold is taken as there: with a seconds clock, float rounding
+# could otherwise leave it a hair short while the engine waits a hair's time, forever.
+_CLOCK_SLACK = 1e-9
 
 
 @dataclass(slots=True, eq=False)
@@ -42,7 +46,7 @@ class WaitingQueue:
     policy: Policy
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _heap: list[tuple[float, int, _Entry]] = field(default_factory=list)
-    _promoted: deque[_Entry] = field(default_factory=deque)
+    _promoted: list[tuple[float, int, _Entry]] = field(default_factory=list)  # heap: promotion order, or arrival
     _by_start: list[tuple[int, int, _Entry]] = field(default_factory=list)  # heap of (counter start, seq, entry)
     _sequence: int = 0
     _last_refresh: int = -1
@@ -67,9 +71,12 @@ class WaitingQueue:
         since = self._clock(iteration, load.now_s) - waited
         entry = _Entry(progress, self.policy.queue_key(progress, load), since, counted)
         self._entries[progress.request_id] = entry
-        self._push_heap(entry)
-        if counted:
-            heapq.heappush(self._by_start, (entry.since, self._next_sequence(), entry))
+        if progress.elder:
+            self._push_promoted(entry)  # promoted for life: ahead of the ranking at every stay
+        else:
+            self._push_heap(entry)
+            if counted:
+                heapq.heappush(self._by_start, (entry.since, self._next_sequence(), entry))
 
     def push_back(self, progress: RequestProgress) -> None:
         """Return a request just popped and not scheduled to where it was (its counter keeps running)."""
@@ -82,7 +89,7 @@ class WaitingQueue:
         progress.waited_iterations = 0
         progress.waited_s = 0.0
         if entry.promoted:
-            self._promoted.appendleft(entry)
+            self._push_promoted(entry, first=True)
         else:
             self._push_heap(entry)
 
@@ -111,7 +118,7 @@ class WaitingQueue:
 
     def ordered(self) -> Iterator[RequestProgress]:
         """All waiting requests in order, without removing them (O(n log n): for tests and reports)."""
-        promoted = [e.progress for e in self._promoted if e.live]
+        promoted = [e.progress for _, _, e in sorted(self._promoted) if e.live]
         rest = sorted((k, s, e) for k, s, e in self._heap if e.live and not e.promoted)
         return iter(promoted + [e.progress for _, _, e in rest])
 
@@ -134,13 +141,16 @@ class WaitingQueue:
             if not entry.live or entry.promoted:
                 heapq.heappop(self._by_start)
                 continue
-            if clock - entry.since < threshold:
+            if clock - entry.since < threshold - _CLOCK_SLACK:
                 break
             heapq.heappop(self._by_start)
             entry.promoted = True
             entry.progress.promoted = True
-            entry.since = clock  # the counter resets at promotion
-            self._promoted.append(entry)
+            if self.policy.starvation.for_life:
+                entry.progress.elder = True
+            else:
+                entry.since = clock  # the counter resets at promotion
+            self._push_promoted(entry)
             promoted.append(entry.progress)
         return promoted
 
@@ -197,9 +207,18 @@ class WaitingQueue:
         self._sequence += 1
         return self._sequence
 
+    def _push_promoted(self, entry: _Entry, first: bool = False) -> None:
+        """Promoted requests run in promotion order, or by arrival when promotion is for life."""
+        entry.promoted = True
+        if self.policy.starvation.for_life:
+            rank = entry.progress.order_s
+        else:
+            rank = -math.inf if first else float(self._next_sequence())
+        heapq.heappush(self._promoted, (rank, self._next_sequence(), entry))
+
     def _pop_promoted(self) -> _Entry | None:
         while self._promoted:
-            entry = self._promoted.popleft()
+            _, _, entry = heapq.heappop(self._promoted)
             if entry.live:
                 return entry
         return None

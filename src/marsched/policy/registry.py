@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import math
+from dataclasses import replace
 
+from marsched.policy.admission import Admission
 from marsched.policy.cost_model import CostModel
-from marsched.policy.policy import Order, Policy, StarvationConfig, StrategyRule
+from marsched.policy.policy import (
+    Order, Policy, Protection, StarvationClock, StarvationConfig, StarvationCount, StrategyRule,
+)
 from marsched.policy.ranking import RankingTerms
 from marsched.policy.strategy import Strategy
 from marsched.predict.segment import SegmentPredictor
 
-# name -> (order, rule, fixed strategy, starvation prevention on by default)
+# name -> (order, rule, fixed strategy, MARS's defaults: starvation prevention and predicted-peak admission)
 _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
     "vllm": (Order.FCFS_REENTRY, StrategyRule.END_AT_CALL, None, False),
     "infercept": (Order.FCFS, StrategyRule.AT_CALL, None, False),
@@ -22,6 +27,22 @@ _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
 
 POLICY_NAMES: tuple[str, ...] = tuple(_NAMED)
 
+# Starvation prevention variants; `age` is MARS's default here (README, "Starvation prevention").
+STARVATION_VARIANTS: dict[str, StarvationConfig] = {
+    # Waited 15 s in total (across calls and preemptions): promoted for the rest of its life;
+    # promoted requests go first come first served, each protected until its segment ends.
+    "age": StarvationConfig(15.0, 0, StarvationClock.SECONDS, StarvationCount.ALL_WAITING, Protection.SEGMENT,
+                            for_life=True),
+    # The MARS code's mechanism (mars-codebase, scheduler_v2.py): 100 iterations, counted only for
+    # requests that ran before, protected for 100,000 iterations.
+    "published": StarvationConfig(100, 100_000, counts=StarvationCount.REQUEUED),
+    # The same counter for every waiting request (the first marsched release's default).
+    "iterations": StarvationConfig(100, 100_000),
+    "off": StarvationConfig(None),
+}
+DEFAULT_STARVATION = "age"
+STARVATION_NAMES: tuple[str, ...] = tuple(STARVATION_VARIANTS)
+
 _DEFAULT = object()
 
 
@@ -29,18 +50,44 @@ def make_policy(
     name: str,
     cost: CostModel,
     predictor: SegmentPredictor | None = None,
-    starvation_threshold: int | None | object = _DEFAULT,
-    starvation_quantum: int = StarvationConfig().quantum,
+    starvation_threshold: float | None | object = _DEFAULT,
+    starvation_quantum: int | object = _DEFAULT,
     refresh_interval: int = 1,
     terms: RankingTerms | None = None,
+    starvation: str | object = _DEFAULT,
+    admission: Admission | str | object = _DEFAULT,
 ) -> Policy:
-    """Build a named policy. `starvation_threshold=None` turns prevention off; leaving it out
-    takes the policy's default (on at 100 iterations for `mars`, off for the others)."""
+    """Build a named policy.
+
+    `starvation` picks a variant of `STARVATION_VARIANTS` (MARS's default `age`; the
+    others' default `off`); `starvation_threshold` overrides its threshold, in its clock's
+    units, and `None` turns prevention off. `admission` defaults to predicted-peak for MARS
+    and greedy for the others.
+    """
     if name not in _NAMED:
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICY_NAMES)}")
-    order, rule, fixed, starvation_on = _NAMED[name]
-    if starvation_threshold is _DEFAULT:
-        starvation_threshold = StarvationConfig().threshold if starvation_on else None
+    order, rule, fixed, mars_defaults = _NAMED[name]
+    if starvation is _DEFAULT:
+        if mars_defaults:
+            starvation = DEFAULT_STARVATION
+        else:  # off, unless a threshold asks for it: then counted in iterations
+            starvation = "iterations" if starvation_threshold not in (_DEFAULT, None) else "off"
+    if starvation not in STARVATION_VARIANTS:
+        raise ValueError(f"unknown starvation variant {starvation!r}; valid: {', '.join(STARVATION_NAMES)}")
+    config = STARVATION_VARIANTS[starvation]
+    if starvation_threshold is not _DEFAULT:
+        if starvation_threshold is not None and config.threshold is None:
+            raise ValueError("a starvation threshold needs a starvation variant other than 'off'")
+        config = replace(config, threshold=starvation_threshold)
+    if starvation_quantum is not _DEFAULT:
+        config = replace(config, quantum=starvation_quantum)
+    if admission is _DEFAULT:
+        admission = Admission.PREDICTED_PEAK if mars_defaults else Admission.GREEDY
+    try:
+        admission = Admission(admission)
+    except ValueError:
+        valid = ", ".join(a.value for a in Admission)
+        raise ValueError(f"unknown admission rule {admission!r}; valid: {valid}") from None
     return Policy(
         name=name,
         order=order,
@@ -48,22 +95,21 @@ def make_policy(
         cost=cost,
         predictor=predictor or SegmentPredictor.oracle(),
         fixed_strategy=fixed,
-        starvation=StarvationConfig(starvation_threshold, starvation_quantum),
+        starvation=config,
         refresh_interval=refresh_interval,
         terms=terms or RankingTerms(),
+        admission=admission,
     )
 
 
-def parse_threshold(text: str) -> int | None:
-    """`off` or a positive number of iterations."""
+def parse_threshold(text: str) -> float | None:
+    """`off` or a positive number (iterations or seconds, as the starvation variant counts)."""
     if text.strip().lower() in ("off", "none"):
         return None
     try:
-        value = int(text)
+        value = float(text)
     except ValueError:
-        raise ValueError(f"starvation threshold {text!r}: give a positive integer or 'off'") from None
-    if value < 1:
-        raise ValueError(f"starvation threshold {text!r}: give a positive integer or 'off'")
+        raise ValueError(f"starvation threshold {text!r}: give a positive number or 'off'") from None
+    if not (value > 0 and math.isfinite(value)):
+        raise ValueError(f"starvation threshold {text!r}: give a positive number or 'off'")
     return value
-
-

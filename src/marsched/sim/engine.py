@@ -313,7 +313,7 @@ class Simulator:
         sim_request.max_wait_s = max(sim_request.max_wait_s, wait)
         progress = sim_request.progress
         progress.ran_before = True
-        if progress.promoted:
+        if progress.promoted or progress.elder:
             self.policy.protect(progress, self.iteration)
         self.trace.emit("admit", self.now, sim_request.rid, segment=sim_request.progress.segment_index,
                         prefill_tokens=prefill_tokens, wait_s=wait)

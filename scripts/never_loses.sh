@@ -1,0 +1,25 @@
+#!/usr/bin/env bash
+# MARS against INFERCEPT and stock vLLM on the three bundled traces, light load to past
+# saturation, with the starvation/admission ablation and noisy predictions. Writes
+# results/never-loses/*.json; scripts/never_loses_tables.py turns them into the README's tables.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+out=results/never-loses
+mkdir -p "$out"
+m=.venv/bin/marsched
+declare -A loads=([single]=3,4,5,6,8,10,12,14,16 [multi]=2,5,8,10,12 [agent]=0.2,0.4,0.6,0.8,1.0)
+for trace in single multi agent; do
+  qps=${loads[$trace]}
+  $m compare --trace "$trace" --policies vllm,infercept,mars --qps "$qps" --json "$out/$trace-main.json" >/dev/null
+  for sigma in 0.3 0.6; do
+    $m compare --trace "$trace" --policies mars --predictor "noisy:$sigma" --qps "$qps" --json "$out/$trace-noisy$sigma.json" >/dev/null
+  done
+  for variant in published iterations off; do
+    $m compare --trace "$trace" --policies mars --starvation "$variant" --qps "$qps" --json "$out/$trace-$variant.json" >/dev/null
+  done
+  for variant in age published iterations off; do
+    $m compare --trace "$trace" --policies mars --starvation "$variant" --admission greedy --qps "$qps" \
+      --json "$out/$trace-$variant-greedy.json" >/dev/null
+  done
+  echo "$trace done"
+done

@@ -1,0 +1,384 @@
+"""What the simulator does to a request's KV cache and its clock, checked on small hand-sized runs.
+
+Every scenario here is deterministic and small enough to follow by hand with the test
+engine of `simhelpers` (16-token blocks, `t(n) = 10 ms + 0.05 ms·n`, a 128-token
+budget, a 20,000 tokens/s host link); the numbers in the assertions are worked out in
+the comments beside them, not taken from a run.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import math
+
+import pytest
+
+from marsched.metrics.trace import EventTrace
+from marsched.policy import CostModel, WaitingQueue, make_policy
+from marsched.policy.load import EngineLoad
+from marsched.policy.policy import StarvationClock, StarvationConfig
+from marsched.policy.progress import RequestProgress
+from marsched.sim.engine import Simulator
+from marsched.sim.profile import Profile
+from simhelpers import COST, single, small_profile, two_segment
+
+
+def t(tokens: int) -> float:
+    """The test engine's iteration time, written out: 10 ms + 0.05 ms per token."""
+    return 0.01 + 5e-5 * tokens
+
+
+class Recorder(EventTrace):
+    """Keeps every event in memory (times unrounded); `watch` sees each one as it is emitted."""
+
+    enabled = True
+
+    def __init__(self, watch=None) -> None:
+        self.events: list[dict] = []
+        self.watch = watch
+
+    def emit(self, event: str, t: float, rid: str | None = None, **fields) -> None:
+        record = {"event": event, "t": t, "rid": rid, **fields}
+        self.events.append(record)
+        if self.watch:
+            self.watch(record)
+
+
+def _run(requests, policy, profile, watch=None, simulator=Simulator):
+    """Run to the end; `watch(simulator, event)` is called at every event."""
+    holder: dict[str, Simulator] = {}
+    trace = Recorder((lambda event: watch(holder["sim"], event)) if watch else None)
+    sim = simulator(requests, profile, policy, trace=trace)
+    holder["sim"] = sim
+    result = sim.run()
+    return sim, result, trace.events
+
+
+def _events(events, rid, kind):
+    return [e for e in events if e["rid"] == rid and e["event"] == kind]
+
+
+def _tokens_processed(events) -> int:
+    return sum(e["tokens"] * e["iterations"] for e in events if e["event"] == "schedule")
+
+
+def _finish(events, rid) -> float:
+    return _events(events, rid, "finish")[0]["t"]
+
+
+# --- 1. a request that lost its KV cache prefills its whole context again ---------------
+
+
+def test_preempted_request_recomputes_its_whole_context():
+    # 6 blocks = 96 tokens. A (40-token prompt, 30 out) and B (30, 30) both decode until the
+    # device is full; A, the earlier arrival, then needs a block and preempts B, the
+    # lowest-ranked under FCFS. B had generated 8 tokens: context 38, 37 of them computed.
+    requests = [single("A", 0.0, 40, 30), single("B", 0.001, 30, 30)]
+    at_preempt: dict[str, int] = {}
+    at_admit: list[tuple[int, int, int]] = []
+
+    def watch(sim, event):
+        if event["rid"] != "B" or event["event"] not in ("preempt", "admit"):
+            return
+        progress = sim.live["B"].progress
+        if event["event"] == "preempt":  # emitted before the KV is released
+            at_preempt.update(context=progress.context_tokens, computed=progress.computed_tokens)
+        if event["event"] == "admit":  # emitted before the admitted tokens are computed
+            at_admit.append((event["prefill_tokens"], progress.context_tokens, progress.computed_tokens))
+
+    _, result, events = _run(requests, make_policy("preserve", COST), small_profile(device_blocks=6), watch)
+    assert [e["rid"] for e in events if e["event"] == "preempt"] == ["B"]
+    assert at_preempt == {"context": 38, "computed": 37}
+    # Re-admitted with nothing on the device: all 38 tokens are prefilled again, not just the last one.
+    assert at_admit[1] == (38, 38, 0)
+    # Tokens run through the model: each request's prompt + (output − 1) decode steps, plus the
+    # 37 tokens of B's KV that were lost and recomputed (38 prefilled where 1 would have been).
+    assert _tokens_processed(events) == (40 + 29) + (30 + 29) + 37
+    # A finishes first (iterations of 40, 31, then 7 × 2 and 21 × 1 tokens); B is re-admitted at
+    # that moment, prefills 38 tokens, then decodes its last 30 − 8 − 1 = 21 tokens alone.
+    finish_a = t(40) + t(31) + 7 * t(2) + 21 * t(1)
+    assert _finish(events, "A") == pytest.approx(finish_a)
+    assert _finish(events, "B") == pytest.approx(finish_a + t(38) + 21 * t(1))
+    assert next(r for r in result.records if r.request_id == "B").preemptions == 1
+
+
+@pytest.mark.parametrize("policy_name", ["discard", "vllm"])
+def test_discarded_call_recomputes_the_whole_context_after_it_returns(policy_name):
+    # 50-token prompt, 20 tokens, a 0.2 s call returning 10 tokens, 10 more tokens. At the call
+    # the context is 70 (69 computed); Discard frees it, so after the return all 70 + 10 = 80
+    # tokens are prefilled again.
+    request = two_segment("D", 0.0, 50, 20, 0.2, 10, 10)
+    at_admit: list[tuple[int, int]] = []
+
+    def watch(sim, event):
+        if event["event"] == "admit":
+            at_admit.append((event["prefill_tokens"], sim.live["D"].progress.computed_tokens))
+
+    sim, _, events = _run([request], make_policy(policy_name, COST), small_profile(), watch)
+    assert _events(events, "D", "api_start")[0]["strategy"] == "discard"
+    assert _events(events, "D", "resume")[0]["where"] == "waiting"
+    assert at_admit == [(50, 0), (80, 0)]
+    assert _tokens_processed(events) == (50 + 19) + 80 + 9
+    call_start = t(50) + 19 * t(1)
+    assert _events(events, "D", "api_start")[0]["t"] == pytest.approx(call_start)
+    assert _finish(events, "D") == pytest.approx(call_start + 0.2 + t(80) + 9 * t(1))
+    assert sim.device.used == 0
+
+
+# --- 5. queue keys that follow the load are recomputed when it moves --------------------
+
+
+def test_queue_keys_are_recomputed_when_the_iteration_time_moves():
+    # MARS keys, single segments (prefill Tfwd(P)·P + decode τ·(L·P + L(L+1)/2)):
+    #   X: 10-token prompt, 200 out: Tfwd(10)·10 = 0.105;  τ·(2000 + 20100) = 22100·τ
+    #   Y: 500-token prompt, 1 out:  Tfwd(500) = 3·t(128) + t(116) = 0.065, ·500 = 32.5;  501·τ
+    # X goes first at τ = 1 ms (22.205 < 33.001), Y at τ = 10 ms (37.51 < 221.105); they cross at
+    # τ = 32.395 / 21599 ≈ 1.5 ms.
+    policy = make_policy("mars", COST, starvation_threshold=None)
+    queue = WaitingQueue(policy)
+
+    def load(tau):
+        return EngineLoad(now_s=0.0, running_kv_tokens=0, iteration_s=tau, host_free_tokens=10**9)
+
+    for request in (single("X", 0.0, 10, 200), single("Y", 0.0, 500, 1)):
+        progress = RequestProgress(request, order_s=0.0)
+        policy.start_segment(progress, load(0.001))
+        queue.push(progress, load(0.001), iteration=0)
+    assert policy.queue_key(next(queue.ordered()), load(0.001)) == pytest.approx(0.105 + 22100 * 0.001)
+    assert [p.request_id for p in queue.ordered()] == ["X", "Y"]
+    assert queue.refresh(load(0.001), iteration=1)  # the first refresh always computes
+    # A 4% move is within the 5% tolerance: keys are kept.
+    assert not queue.refresh(load(0.00104), iteration=2)
+    assert [p.request_id for p in queue.ordered()] == ["X", "Y"]
+    # τ ten times larger: the decode triangle dominates and the order turns over.
+    assert queue.refresh(load(0.01), iteration=3)
+    assert [p.request_id for p in queue.ordered()] == ["Y", "X"]
+    assert queue.pop(iteration=3).request_id == "Y"
+    assert queue.pop(iteration=3).request_id == "X"
+
+
+def test_queue_keys_wait_for_the_refresh_interval():
+    policy = make_policy("mars", COST, starvation_threshold=None, refresh_interval=5)
+    queue = WaitingQueue(policy)
+    slow = EngineLoad(now_s=0.0, running_kv_tokens=0, iteration_s=0.01, host_free_tokens=10**9)
+    assert queue.refresh(slow, iteration=10)
+    # τ moved tenfold, but only 4 iterations have passed: the keys wait.
+    assert not queue.refresh(dataclasses.replace(slow, iteration_s=0.1), iteration=14)
+    assert queue.refresh(dataclasses.replace(slow, iteration_s=0.1), iteration=15)
+
+
+# --- 6. running identical decode iterations together changes nothing ---------------------
+
+
+class _OneIterationAtATime(Simulator):
+    """Test-only: never run identical iterations together, the reference the fast path must match."""
+
+    def _identical_iterations(self, running, dt):
+        return 1
+
+
+_SLOW_LINK = CostModel(seconds_per_token=5e-5, seconds_per_iteration=0.01, token_budget=128, swap_tokens_per_s=2_000)
+
+def _with_starvation(policy, config):
+    """The named policy with an explicit starvation rule, whatever the registry's default for it."""
+    policy.starvation = config
+    return policy
+
+
+# Every iteration takes exactly 1/64 s whatever its tokens, so event times are exact in binary.
+_DYADIC = CostModel(seconds_per_token=0.0, seconds_per_iteration=1 / 64, token_budget=128, swap_tokens_per_s=20_000)
+
+
+def _near_boundary_workload():
+    return [single("H", 0.0, 30, 40), single("X1", 4 / 64, 20, 10), single("X2", 5.5 / 64, 20, 10),
+            single("X3", 8.5 / 64, 20, 10)]
+
+
+# Each scenario has one kind of event fall in the middle of a stretch of pure decode.
+_FAST_FORWARD_SCENARIOS = {
+    # H fills the 8 blocks while W1 and W2 wait; with θ = 5 iterations each is promoted 5
+    # iterations after it arrived, while H is still decoding (H ends about 0.5 s later).
+    "promotion": (
+        lambda: [single("H", 0.0, 60, 60), single("W1", 0.05, 70, 5), single("W2", 0.08, 70, 5)],
+        small_profile(device_blocks=8),
+        lambda: _with_starvation(make_policy("preserve", COST), StarvationConfig(5)),
+        "promote",
+    ),
+    # X arrives while H decodes and fits at once.
+    "arrival": (
+        lambda: [single("H", 0.0, 60, 40), single("X", 0.1234, 20, 10)],
+        small_profile(),
+        lambda: make_policy("mars", COST),
+        "arrive",
+    ),
+    # A's preserved call returns while H decodes, and A joins the batch again.
+    "call return": (
+        lambda: [single("H", 0.0, 60, 40), two_segment("A", 0.0, 20, 5, 0.0777, 3, 10)],
+        small_profile(),
+        lambda: make_policy("preserve", COST),
+        "api_end",
+    ),
+    # S's 104 tokens take 52 ms each way on a 2,000 tokens/s link: about 5 decode iterations of H.
+    "transfer": (
+        lambda: [single("H", 0.0, 30, 60), two_segment("S", 0.0, 100, 5, 0.3, 3, 10)],
+        Profile("slow-link", "test engine, slow host link", 1.0, 12, 16, 16, _SLOW_LINK),
+        lambda: make_policy("swap", _SLOW_LINK),
+        "swap_out",
+    ),
+    # Arrivals exactly on an iteration boundary, within one iteration and within two (exact binary
+    # times: see `test_fast_forward_stops_at_each_event_near_an_iteration_boundary`).
+    "near boundaries": (
+        lambda: _near_boundary_workload(),
+        Profile("dyadic", "test engine, 1/64 s per iteration", 1.0, 64, 16, 16, _DYADIC),
+        lambda: make_policy("preserve", _DYADIC),
+        "admit",
+    ),
+}
+
+
+def _same(a: dict, b: dict) -> bool:
+    if a.keys() != b.keys():
+        return False
+    for key, value in a.items():
+        other = b[key]
+        if isinstance(value, float) and isinstance(other, float):
+            if not math.isclose(value, other, rel_tol=0, abs_tol=1e-9):
+                return False
+        elif value != other:
+            return False
+    return True
+
+
+@pytest.mark.parametrize("scenario", list(_FAST_FORWARD_SCENARIOS))
+def test_fast_forward_gives_the_same_run_as_one_iteration_at_a_time(scenario):
+    workload, profile, policy, mid_decode_event = _FAST_FORWARD_SCENARIOS[scenario]
+    _, fast, fast_events = _run(workload(), policy(), profile)
+    _, slow, slow_events = _run(workload(), policy(), profile, simulator=_OneIterationAtATime)
+    # The scenario means something: decode iterations were run together, and the event is there.
+    assert fast.steps < fast.iterations and slow.steps == slow.iterations
+    assert any(e["event"] == mid_decode_event for e in fast_events)
+    assert fast.iterations == slow.iterations
+    assert fast.end_s == pytest.approx(slow.end_s, abs=1e-9)
+    # Every event but `schedule` (whose `iterations` field is the point of the fast path), in order.
+    fast_trace = [e for e in fast_events if e["event"] != "schedule"]
+    slow_trace = [e for e in slow_events if e["event"] != "schedule"]
+    assert len(fast_trace) == len(slow_trace)
+    for fast_event, slow_event in zip(fast_trace, slow_trace):
+        assert _same(fast_event, slow_event), (fast_event, slow_event)
+    assert len(fast.records) == len(slow.records)
+    for fast_record, slow_record in zip(fast.records, slow.records):
+        assert _same(dataclasses.asdict(fast_record), dataclasses.asdict(slow_record)), (fast_record, slow_record)
+
+
+def test_promotion_happens_mid_decode_at_the_threshold():
+    # The promotion scenario by hand: H prefills 60 tokens at t = 0 and decodes alone from
+    # t(60) = 13 ms, one 10.05 ms iteration each. W1 arrives at 50 ms and is taken in at the start
+    # of iteration 5 (13 + 4·10.05 = 53.2 ms); with θ = 5 it is promoted 5 iterations later, at
+    # 53.2 + 5·10.05 = 103.45 ms, while H still decodes (H finishes at 13 + 59·10.05 = 605.95 ms).
+    workload, profile, policy, _ = _FAST_FORWARD_SCENARIOS["promotion"]
+    _, _, events = _run(workload(), policy(), profile)
+    arrive = _events(events, "W1", "arrive")[0]["t"]
+    assert arrive == pytest.approx(t(60) + 4 * t(1))
+    assert _events(events, "W1", "promote")[0]["t"] == pytest.approx(arrive + 5 * t(1))
+    assert _finish(events, "H") == pytest.approx(t(60) + 59 * t(1))
+
+
+def test_fast_forward_stops_at_each_event_near_an_iteration_boundary():
+    # Iteration k runs from k/64 s to (k+1)/64 s. H (30-token prompt, 40 out) prefills in
+    # iteration 0 and decodes from iteration 1.
+    # - X1 arrives at exactly 4/64: from 1/64 three decode iterations run together, and X1 is
+    #   taken in at 4/64, not one iteration later.
+    # - X2 arrives at 5.5/64, within the first iteration of the decode stretch from 5/64: that
+    #   stretch is one iteration long, and X2 comes in at 6/64.
+    # - X3 arrives at 8.5/64, in the second iteration of the stretch from 7/64: two iterations
+    #   run together, and X3 comes in at 9/64.
+    # Then each X (10 tokens: 1 at its prefill, 9 decoded) ends the stretch it finishes in:
+    # X1 decodes in iterations 5–13, X2 in 7–15, X3 in 10–18, H (39 decoded) in 1–39.
+    workload, profile, policy, _ = _FAST_FORWARD_SCENARIOS["near boundaries"]
+    _, result, events = _run(workload(), policy(), profile)
+    admitted = {e["rid"]: e["t"] * 64 for e in events if e["event"] == "admit"}
+    assert admitted == {"H": 0, "X1": 4, "X2": 6, "X3": 9}
+    stretches = [(e["t"] * 64, e["iterations"]) for e in events if e["event"] == "schedule"]
+    assert stretches == [(0, 1), (1, 3), (4, 1), (5, 1), (6, 1), (7, 2), (9, 1), (10, 4), (14, 2), (16, 3), (19, 21)]
+    assert {r.request_id: r.finish_s * 64 for r in result.records} == {"X1": 14, "X2": 16, "X3": 19, "H": 40}
+    assert result.iterations == 40 and result.steps == len(stretches)
+
+
+def test_fast_forward_runs_until_the_blocks_run_out():
+    # The preemption scenario of the first test: after A's prefill (iteration 0) and B's (1), A has
+    # 41 tokens computed in 3 blocks, B 30 in 2, and 1 block is free. Decode iterations run together
+    # while the growth fits that block: B takes it at its 33rd token (3 iterations in) and A needs a
+    # 4th block at its 49th (8 in), so 7 iterations run at once; then A preempts B and runs alone
+    # (1 iteration, then the 20 left to its end), and B prefills 38 tokens and decodes its last 21.
+    requests = [single("A", 0.0, 40, 30), single("B", 0.001, 30, 30)]
+    _, result, events = _run(requests, make_policy("preserve", COST), small_profile(device_blocks=6))
+    assert [e["iterations"] for e in events if e["event"] == "schedule"] == [1, 1, 7, 1, 20, 1, 21]
+    assert result.iterations == 52
+
+
+def test_fast_forward_takes_the_longest_stretch_the_blocks_allow_before_an_event():
+    # 4 blocks, 1/64 s per iteration. H (30-token prompt) and G (17) prefill together in iteration 0
+    # and hold 2 blocks each: nothing is free. X arrives at 4.5/64, so the decode stretch from 1/64
+    # could last 4 iterations; H's KV reaches 32 tokens, the end of its 2nd block, after 2, and its
+    # 33rd token needs a block that is not there. So exactly 2 iterations run together, and at
+    # 3/64 a request is preempted to make room.
+    requests = [single("H", 0.0, 30, 20), single("G", 0.0, 17, 10), single("X", 4.5 / 64, 5, 3)]
+    profile = Profile("dyadic", "test engine, 1/64 s per iteration", 1.0, 4, 16, 16, _DYADIC)
+    _, _, events = _run(requests, make_policy("preserve", _DYADIC), profile)
+    stretches = [(e["t"] * 64, e["iterations"]) for e in events if e["event"] == "schedule"]
+    assert stretches[:3] == [(0, 1), (1, 2), (3, 1)]
+    assert [e["t"] * 64 for e in events if e["event"] == "preempt"][:1] == [3]
+
+
+# --- 9. a call that returns while its KV is still being copied out -------------------------
+
+
+def test_call_returning_during_swap_out_keeps_the_device_copy_and_frees_the_host_blocks():
+    # S: a 100-token prompt and 5 tokens, then a 1 ms call. At the call 104 tokens are computed,
+    # in 7 blocks; copying them out takes 104 / 20,000 = 5.2 ms, longer than the call. Nothing
+    # else runs, so the engine idles to the next event: the call's return, 1 ms in.
+    request = two_segment("S", 0.0, 100, 5, 0.001, 3, 5)
+    at_return: dict[str, object] = {}
+
+    def watch(sim, event):
+        if event["event"] == "resume":  # the end of the return's handling
+            sim.check_invariants()
+            held = sim.live["S"]
+            at_return.update(where=event["where"], device_blocks=held.device_blocks, host_blocks=held.host_blocks,
+                             device_used=sim.device.used, host_used=sim.host.used, transfers=len(sim.link_out))
+
+    sim, result, events = _run([request], make_policy("swap", COST), small_profile(), watch)
+    call = _events(events, "S", "api_start")[0]
+    assert call["strategy"] == "swap" and call["context_tokens"] == 104
+    assert 104 / COST.swap_tokens_per_s > 0.001  # the transfer outlasts the call
+    assert _events(events, "S", "api_end")[0]["t"] == pytest.approx(call["t"] + 0.001)
+    # The device copy is intact, so the request runs on from it; the host copy is dropped.
+    assert at_return == {"where": "device", "device_blocks": 7, "host_blocks": 0,
+                         "device_used": 7, "host_used": 0, "transfers": 0}
+    assert not _events(events, "S", "swap_out") and not _events(events, "S", "swap_in")
+    assert not [e for e in events if e["event"] == "admit" and e["segment"] == 1]
+    assert sim.device.used == 0 and sim.host.used == 0
+    assert result.records[0].strategies == ("swap",)
+
+
+# --- a promotion due while the engine idles ---------------------------------------------------
+
+
+def test_seconds_clock_promotion_due_while_idle_does_not_stall():
+    # P keeps its 105 tokens (7 of 8 blocks) on the device through a 2 s call; W (60 tokens)
+    # arrives at 0.6 s and cannot fit, and nothing runs, so the engine idles to the next event:
+    # W's promotion, due at 0.6 + 0.1 s. Engine time then reads 0.7 but 0.7 − 0.6 < 0.1 in
+    # floating point: unless the promotion takes that as reached, W is not promoted, the next
+    # event is again "now", and the engine idles 0 s at a time forever (the guard stops it).
+    policy = _with_starvation(make_policy("preserve", COST), StarvationConfig(0.1, clock=StarvationClock.SECONDS))
+    requests = [two_segment("P", 0.0, 100, 5, 2.0, 2, 5), single("W", 0.6, 60, 5)]
+    steps = []
+
+    def guard(sim):
+        steps.append(sim.now)
+        if len(steps) > 1000:
+            raise AssertionError(f"no progress: 1000 steps, engine time {sim.now!r}")
+
+    result = Simulator(requests, small_profile(device_blocks=8), policy, on_step=guard).run()
+    assert len(result.records) == 2
+
