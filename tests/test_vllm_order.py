@@ -88,3 +88,24 @@ def test_starving_request_is_promoted_at_the_threshold(llm):
     assert all(e["iteration"] - arrive_iteration[e["rid"]] == 10 and e["counter"] == 10 for e in promotes)
     order = [e["rid"] for e in admissions(llm, "starve")]
     assert order == ["starve-5", "starve-80", "starve-50", "starve-20"]  # the largest no longer waits last
+
+
+def test_predicted_peak_admission_runs_what_would_outgrow_memory_one_after_the_other(llm):
+    # Two 60-token prompts take 2 blocks each (5 are free) but grow to 80 tokens, 3 blocks each:
+    # admitted together they would run out of blocks and one would be preempted. MARS's default
+    # admission sees the predicted peak (2 x 80 tokens + rounding > 160) and admits one at a time.
+    from vllm import SamplingParams
+
+    sched = scheduler(llm)
+    prompts, params = [], []
+    for index in range(2):
+        meta = ChunkMeta(0, (PlannedSegment(20),), request_id=f"peak-{index}")
+        prompts.append({"prompt_token_ids": [(11 * index + j) % 500 + 4 for j in range(60)]})
+        params.append(SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True, extra_args=meta.to_extra_args()))
+    outputs = llm.generate(prompts, params, use_tqdm=False)
+    assert all(len(o.outputs[0].token_ids) == 20 for o in outputs)
+    events = [e for e in read_trace(llm.trace_file) if e.get("rid", "").startswith("peak-")]
+    assert not [e for e in events if e["event"] == "preempt"]
+    admits = [e for e in events if e["event"] == "admit"]
+    assert len(admits) == 2 and admits[1]["iteration"] - admits[0]["iteration"] >= 20  # after the first is done
+    assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 5

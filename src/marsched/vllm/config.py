@@ -41,8 +41,10 @@ class CostSettings:
 @dataclass(frozen=True, slots=True)
 class MarsConfig:
     policy: str = "mars"  # mars, infercept, vllm, sjf, preserve, discard, swap
-    starvation_threshold: int | str | None = "default"  # iterations, "off", or the policy's default
-    starvation_quantum: int = 100_000
+    starvation: str = "default"  # a starvation variant (age, published, iterations, off) or the policy's default
+    starvation_threshold: float | str | None = "default"  # in the variant's units, "off", or its default
+    starvation_quantum: int | str = "default"  # iterations of protection for the quantum variants
+    admission: str = "default"  # greedy | predicted-peak, or the policy's default
     refresh_interval: int = 1
     predictor: str = "oracle"  # output-length predictor: oracle | noisy:SIGMA
     api_estimator: str = "type-mean"  # oracle | type-mean (updated with observed call times)
@@ -98,11 +100,13 @@ class MarsConfig:
         if self.starvation_threshold != "default":
             t = self.starvation_threshold
             kwargs["starvation_threshold"] = parse_threshold(str(t)) if t is not None else None
+        for key in ("starvation", "starvation_quantum", "admission"):
+            if getattr(self, key) != "default":
+                kwargs[key] = getattr(self, key)
         return make_policy(
             self.policy,
             self.cost_model(token_budget),
             predictor=predictor,
-            starvation_quantum=self.starvation_quantum,
             refresh_interval=self.refresh_interval,
             **kwargs,
         )

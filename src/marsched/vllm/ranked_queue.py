@@ -6,6 +6,10 @@ has `pop` and `push_back`, so a peek pops the head and holds it; any other
 operation puts the held request back first (`push_back`, so its starvation
 counter keeps running). Prepending (vLLM's path for preempted and skipped
 requests) is an ordinary push: in a ranked queue the rank decides.
+
+Admission: while the scheduler builds a step (`gating`), the queue reads as empty
+when its head may not be admitted (`admits`, the policy's predicted-peak rule), so
+vLLM's waiting loop stops there, as the simulator's does.
 """
 
 from __future__ import annotations
@@ -25,11 +29,16 @@ class RankedRequestQueue(RequestQueue):
         progress_of: Callable[[Request], RequestProgress],
         load: Callable[[], EngineLoad],
         iteration: Callable[[], int],
+        now: Callable[[], float],
+        admits: Callable[[Request], bool] | None = None,
     ) -> None:
         self.queue = WaitingQueue(policy)
         self._progress_of = progress_of
         self._load = load
         self._iteration = iteration
+        self._now = now
+        self._admits = admits
+        self.gating = False  # set by the scheduler around its step
         self._requests: dict[str, Request] = {}
         self._held: Request | None = None
 
@@ -37,14 +46,14 @@ class RankedRequestQueue(RequestQueue):
 
     def promote_starving(self, iteration: int) -> list[RequestProgress]:
         self._unhold()
-        return self.queue.promote_starving(iteration)
+        return self.queue.promote_starving(iteration, self._now())
 
     def refresh(self, load: EngineLoad, iteration: int) -> bool:
         self._unhold()
         return self.queue.refresh(load, iteration)
 
     def starvation_counter(self, request_id: str) -> int:
-        return self.queue.starvation_counter(request_id, self._iteration())
+        return self.queue.starvation_counter(request_id, self._iteration(), self._now())
 
     # --- RequestQueue -----------------------------------------------------------------
 
@@ -62,7 +71,7 @@ class RankedRequestQueue(RequestQueue):
 
     def peek_request(self) -> Request:
         if self._held is None:
-            progress = self.queue.pop(self._iteration())
+            progress = self.queue.pop(self._iteration(), self._now())
             if progress is None:
                 raise IndexError("peek from an empty queue")
             self._held = self._requests[progress.request_id]
@@ -81,7 +90,7 @@ class RankedRequestQueue(RequestQueue):
         if self._held is request:
             self._held = None
         else:
-            self.queue.remove(rid, self._iteration())
+            self.queue.remove(rid, self._iteration(), self._now())
         del self._requests[rid]
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
@@ -94,7 +103,11 @@ class RankedRequestQueue(RequestQueue):
         return isinstance(request, Request) and request.request_id in self._requests
 
     def __bool__(self) -> bool:
-        return bool(self._requests)
+        if not self._requests:
+            return False
+        if self.gating and self._admits is not None:
+            return self._admits(self.peek_request())
+        return True
 
     def __len__(self) -> int:
         return len(self._requests)

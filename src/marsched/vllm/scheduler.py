@@ -34,7 +34,7 @@ from typing import Any
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
-from marsched.policy import EngineLoad, RequestProgress, Strategy, StrategyAssignment
+from marsched.policy import Admission, EngineLoad, RequestProgress, Strategy, StrategyAssignment
 from marsched.predict import SegmentPrediction
 from marsched.vllm.config import MarsConfig
 from marsched.vllm.kv_swap import HostSwapConnector, SwapMeta
@@ -102,7 +102,8 @@ class MarsSchedulerMixin:
         self._swap_inflight: dict[str, tuple[Any, int]] = {}
         self._changed: set[str] = set()  # requests whose info changed since the last step
         assert not self.waiting, "the waiting queue is replaced before any request arrives"
-        self.waiting = RankedRequestQueue(self.mars_policy, self._progress_of, self._load, lambda: self._iteration)
+        self.waiting = RankedRequestQueue(self.mars_policy, self._progress_of, self._load, lambda: self._iteration,
+                                          time.monotonic, self._admits)
         self._swapper = self.connector if isinstance(self.connector, HostSwapConnector) else None
         _LIVE.append(weakref.ref(self))
 
@@ -115,6 +116,19 @@ class MarsSchedulerMixin:
         if self._swapper is not None:
             host_free = max(self.mars_config.host_swap_tokens - self._swapper.host_tokens_used, 0)
         return EngineLoad(time.monotonic(), self._running_kv, self._tau, host_free)
+
+    def _admits(self, request: Request) -> bool:
+        """The policy's admission rule for the head of the waiting queue, against the running batch."""
+        if self.mars_policy.admission is Admission.GREEDY or request.request_id not in self._tracked:
+            return True
+        running = [self._progress_of(r) for r in self.running if r.request_id in self._tracked]
+        pool = self.kv_cache_manager.block_pool
+        block_tokens = self.cache_config.block_size
+        capacity_tokens = (pool.num_gpu_blocks - 1) * block_tokens  # the null block is never free
+        used_tokens = capacity_tokens - pool.get_num_free_blocks() * block_tokens
+        batch_tokens = sum(-(-r.num_computed_tokens // block_tokens) * block_tokens for r in self.running)
+        return self.mars_policy.admits(self._progress_of(request), running, max(used_tokens - batch_tokens, 0),
+                                       capacity_tokens, block_tokens)
 
     def _progress_of(self, request: Request) -> RequestProgress:
         tracked = self._tracked[request.request_id]
@@ -349,7 +363,11 @@ class MarsSchedulerMixin:
         refreshed = self.waiting.refresh(self._load(), self._iteration)
         self._order_running(refreshed)
         before = {r.request_id for r in self.running}
-        output = super().schedule(*args, **kwargs)
+        self.waiting.gating = True
+        try:
+            output = super().schedule(*args, **kwargs)
+        finally:
+            self.waiting.gating = False
         self._after_schedule(output, before)
         return output
 
@@ -376,7 +394,7 @@ class MarsSchedulerMixin:
             tracked = self._tracked.get(request.request_id)
             if tracked is None:
                 return (1, math.inf)
-            protected = tracked.progress.protected_until_iteration > it
+            protected = self.mars_policy.is_protected(tracked.progress, it)
             return (0 if protected else 1, tracked.victim_key)
 
         self.running.sort(key=key)
@@ -392,9 +410,9 @@ class MarsSchedulerMixin:
             if tracked is None:
                 continue
             progress = tracked.progress
-            if progress.promoted:
-                progress.promoted = False
-                progress.protected_until_iteration = self._iteration + self.mars_policy.starvation.quantum
+            progress.ran_before = True
+            if progress.promoted or progress.elder:
+                self.mars_policy.protect(progress, self._iteration)
             if tracked.restore_skip_prefix is not None:
                 request.skip_reading_prefix_cache = tracked.restore_skip_prefix
                 tracked.restore_skip_prefix = None
