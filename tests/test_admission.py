@@ -46,10 +46,10 @@ def test_policy_admits_only_what_fits_at_the_predicted_peak():
     mars = make_policy("mars", COST)
     running = [_progress("a", 100, 100, mars)]
     candidate = _progress("b", 100, 100, mars)
-    # a peaks at 200 and b at 200 at the same moment: 400 tokens plus half a block each.
-    assert not mars.admits(candidate, running, 0, 400, block_tokens=16)
-    assert mars.admits(candidate, running, 0, 416, block_tokens=16)
-    assert not mars.admits(candidate, running, 16, 416, block_tokens=16)  # memory held outside the batch counts
+    # a peaks at 200 and b at 200 at the same moment: 400 tokens plus a block each for rounding.
+    assert not mars.admits(candidate, running, 0, 431, block_tokens=16)
+    assert mars.admits(candidate, running, 0, 432, block_tokens=16)
+    assert not mars.admits(candidate, running, 1, 432, block_tokens=16)  # memory held outside the batch counts
     assert mars.admits(candidate, [], 0, 1, block_tokens=16)  # an empty engine always takes the head
 
 

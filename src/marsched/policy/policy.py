@@ -218,7 +218,9 @@ class Policy:
             return True
         outlooks = [self.kv_outlook(p) for p in running]
         outlooks.append(self.kv_outlook(candidate))
-        peak = predicted_peak_tokens(outlooks, rounding_tokens=block_tokens / 2)
+        # A full block per request bounds the partly filled last block: with exact predictions,
+        # what is admitted never outgrows the device.
+        peak = predicted_peak_tokens(outlooks, rounding_tokens=block_tokens)
         return other_tokens + peak <= capacity_tokens
 
     # --- order ------------------------------------------------------------------------
