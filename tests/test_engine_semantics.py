@@ -116,6 +116,7 @@ def test_discarded_call_recomputes_the_whole_context_after_it_returns(policy_nam
 
     sim, _, events = _run([request], make_policy(policy_name, COST), small_profile(), watch)
     assert _events(events, "D", "api_start")[0]["strategy"] == "discard"
+    assert _events(events, "D", "api_start")[0]["context_tokens"] == 69  # as it was at the call, before the discard
     assert _events(events, "D", "resume")[0]["where"] == "waiting"
     assert at_admit == [(50, 0), (80, 0)]
     assert _tokens_processed(events) == (50 + 19) + 80 + 9

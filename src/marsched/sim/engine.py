@@ -490,9 +490,10 @@ class Simulator:
         if len(progress.assignments) > before:
             self._emit_assignment(sim_request, progress.assignments[-1])
         sim_request.strategies_run.append(strategy.value)
+        context_tokens = progress.computed_tokens  # before a Discard frees it
         self._apply_call_strategy(sim_request, strategy)
         self.trace.emit("api_start", self.now, sim_request.rid, segment=progress.segment_index,
-                        strategy=progress.strategy.value, context_tokens=progress.computed_tokens,
+                        strategy=progress.strategy.value, context_tokens=context_tokens,
                         duration_s=call.duration_s)
         self._sequence += 1
         heapq.heappush(self._calls, (sim_request.api_end_s, self._sequence, sim_request))
