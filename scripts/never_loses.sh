@@ -23,3 +23,11 @@ for trace in single multi agent; do
   done
   echo "$trace done"
 done
+# The age threshold at the most loaded point of each trace.
+declare -A top=([single]=16 [multi]=12 [agent]=1.0)
+for trace in single multi agent; do
+  for threshold in 5 30 60 120 240; do
+    $m compare --trace "$trace" --policies mars --starvation-threshold "$threshold" --qps "${top[$trace]}" \
+      --json "$out/$trace-age$threshold.json" >/dev/null
+  done
+done
