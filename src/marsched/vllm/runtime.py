@@ -98,6 +98,7 @@ class AugmentedResult:
     error: str | None = None
     aborted: bool = False
     arrival_t: float = 0.0
+    first_token_t: float | None = None  # time.monotonic() when the first output token reached the client
     finish_t: float = 0.0
     preemptions: int | None = None
 
@@ -136,6 +137,7 @@ class AugmentedEngine:
         swap: bool = True,
         mars: MarsConfig | dict[str, Any] | None = None,
         stat_loggers: list[Any] | None = None,
+        scheduler_cls: str = SCHEDULER_CLS,  # dotted name of a MarsScheduler subclass (bench: step timing)
         **engine_kwargs: Any,
     ) -> None:
         if isinstance(mars, dict):
@@ -151,7 +153,7 @@ class AugmentedEngine:
             engine_kwargs.setdefault("distributed_executor_backend", "uni")
         self._args = AsyncEngineArgs(
             model=model,
-            scheduler_cls=SCHEDULER_CLS,
+            scheduler_cls=scheduler_cls,
             worker_extension_cls=WORKER_EXTENSION_CLS,
             additional_config=mars.additional_config(),
             kv_transfer_config=swap_connector_config() if swap else None,
@@ -322,6 +324,8 @@ class AugmentedEngine:
         result.segments.append(current)
         async for out in self.llm.generate(inputs(), first, request_id=result.request_id):
             completion = out.outputs[0]
+            if completion.token_ids and result.first_token_t is None:
+                result.first_token_t = time.monotonic()
             current.token_ids.extend(completion.token_ids)
             if completion.finish_reason is not None and current.finish_reason is None:
                 current.finish_reason = completion.finish_reason
