@@ -15,6 +15,16 @@ call, the tool's API type, expected duration and return length. The scheduler
 builds a `marsched.workload.Request` from it; the configured predictor predicts
 from that request (the oracle predictor takes it as the truth).
 
+From the Python API the value is that dict. Over HTTP, vLLM's OpenAI server types
+`vllm_xargs` values as strings, numbers or flat lists, so a client sends the same
+object as a JSON string: `"vllm_xargs": {"marsched": "{\"plan\": [[64, null, 0, 0]]}"}`.
+
+`parse` is the one definition of what is valid. The front end runs it on every
+request (`marsched.vllm.validate.MarsRequestValidator`, a vLLM logits-processor
+`validate_params` hook: a bad value is an HTTP 400 that names the field, and never
+reaches the engine core); the scheduler runs it again (`decode`) and ends only the
+request if it still fails.
+
 Requests without this entry (plain clients of `vllm serve`) are taken as one
 segment of `max_tokens` tokens.
 
@@ -23,6 +33,8 @@ This module does not import vllm.
 
 from __future__ import annotations
 
+import json
+import math
 from dataclasses import dataclass
 from typing import Any
 
@@ -30,6 +42,25 @@ from marsched.policy import Strategy
 from marsched.workload.model import ApiCall, ApiType, Request, build_request
 
 KEY = "marsched"
+
+# Bounds on what a client may declare: far beyond any real request, small enough that
+# every formula of the policy stays finite and a plan stays cheap to rank.
+MAX_SEGMENTS = 1024
+MAX_TOKENS = 10_000_000
+MAX_API_S = 1_000_000.0
+MAX_RID_CHARS = 256
+MAX_JSON_CHARS = 100_000
+FIELDS = ("segment", "plan", "strategy", "rid")
+PLAN_ITEM = ("output_tokens", "api_type", "api_s", "return_tokens")
+
+
+class MetadataError(ValueError):
+    """A marsched field a client sent is not valid; `field` names it (`marsched.plan[1][2]`), and the
+    message adds what the field is (`marsched.plan[1][2] (api_s): must be a finite number, got inf`)."""
+
+    def __init__(self, field: str, message: str, label: str | None = None) -> None:
+        self.field = field
+        super().__init__(f"{field} ({label}): {message}" if label else f"{field}: {message}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -43,9 +74,17 @@ class PlannedSegment:
         return [self.output_tokens, self.api_type.value if self.api_type else None, self.api_s, self.return_tokens]
 
     @classmethod
-    def from_list(cls, item: list[Any]) -> "PlannedSegment":
+    def from_list(cls, item: Any, field: str = f"{KEY}.plan[]") -> "PlannedSegment":
+        if not isinstance(item, (list, tuple)) or len(item) != len(PLAN_ITEM):
+            raise MetadataError(field, "must be a list [output_tokens, api_type, api_s, return_tokens], "
+                                       f"got {_show(item)}")
         out, api, api_s, ret = item
-        return cls(int(out), ApiType(api) if api is not None else None, float(api_s), int(ret))
+        return cls(
+            _integer(out, f"{field}[0]", 0, MAX_TOKENS, PLAN_ITEM[0]),
+            _api_type(api, f"{field}[1]", PLAN_ITEM[1]),
+            _number(api_s, f"{field}[2]", 0.0, MAX_API_S, PLAN_ITEM[2]),
+            _integer(ret, f"{field}[3]", 0, MAX_TOKENS, PLAN_ITEM[3]),
+        )
 
 
 @dataclass(frozen=True, slots=True)
@@ -55,27 +94,74 @@ class ChunkMeta:
     strategy: Strategy | None = None
     request_id: str | None = None  # the caller's id (vLLM's internal id adds a random suffix)
 
-    def to_extra_args(self) -> dict[str, Any]:
+    def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"segment": self.segment, "plan": [p.to_list() for p in self.plan]}
         if self.strategy is not None:
             data["strategy"] = self.strategy.value
         if self.request_id is not None:
             data["rid"] = self.request_id
-        return {KEY: data}
+        return data
+
+    def to_extra_args(self) -> dict[str, Any]:
+        """`SamplingParams.extra_args` for the Python API."""
+        return {KEY: self.to_dict()}
+
+    def to_vllm_xargs(self) -> dict[str, str]:
+        """`vllm_xargs` of an OpenAI-API request body (the object as a JSON string)."""
+        return {KEY: json.dumps(self.to_dict(), separators=(",", ":"))}
+
+
+def parse(value: Any) -> ChunkMeta | None:
+    """Check and decode the value of `extra_args["marsched"]` / `vllm_xargs["marsched"]`.
+
+    A dict (Python API) or a JSON string of one (HTTP); None means none was sent.
+    Raises `MetadataError` naming the first field that is wrong.
+    """
+    if value is None:
+        return None
+    if isinstance(value, str):
+        if len(value) > MAX_JSON_CHARS:
+            raise MetadataError(KEY, f"longer than {MAX_JSON_CHARS} characters")
+        try:
+            value = json.loads(value, parse_constant=_no_constant)
+        except (ValueError, RecursionError) as error:
+            raise MetadataError(KEY, f"not valid JSON ({error}); send a JSON object as a string, "
+                                     'e.g. "{\\"plan\\": [[64, null, 0, 0]]}"') from None
+    if not isinstance(value, dict):
+        raise MetadataError(KEY, f"must be a JSON object with keys {', '.join(FIELDS)}, got {_show(value)}")
+    unknown = sorted(str(k) for k in value if k not in FIELDS)
+    if unknown:
+        raise MetadataError(f"{KEY}.{unknown[0]}", f"unknown key; valid: {', '.join(FIELDS)}")
+    plan_value = value.get("plan")
+    plan: tuple[PlannedSegment, ...] = ()
+    if plan_value is not None:
+        if not isinstance(plan_value, (list, tuple)):
+            raise MetadataError(f"{KEY}.plan", f"must be a list of segments, got {_show(plan_value)}")
+        if not 1 <= len(plan_value) <= MAX_SEGMENTS:
+            raise MetadataError(f"{KEY}.plan", f"must have 1 to {MAX_SEGMENTS} segments, got {len(plan_value)}")
+        plan = tuple(PlannedSegment.from_list(item, f"{KEY}.plan[{i}]") for i, item in enumerate(plan_value))
+    segment = value.get("segment", 0)
+    segment = 0 if segment is None else _integer(segment, f"{KEY}.segment", 0, MAX_SEGMENTS)
+    strategy = value.get("strategy")
+    if strategy is not None:
+        valid = [s.value for s in Strategy]
+        if not isinstance(strategy, str) or strategy not in valid:
+            raise MetadataError(f"{KEY}.strategy", f"must be one of {', '.join(valid)} or null, got {_show(strategy)}")
+        strategy = Strategy(strategy)
+    rid = value.get("rid")
+    if rid is not None and (not isinstance(rid, str) or not 1 <= len(rid) <= MAX_RID_CHARS):
+        raise MetadataError(f"{KEY}.rid", f"must be a string of 1 to {MAX_RID_CHARS} characters, got {_show(rid)}")
+    return ChunkMeta(segment, plan, strategy, rid)
 
 
 def decode(sampling_params: Any) -> ChunkMeta | None:
-    extra = getattr(sampling_params, "extra_args", None) or {}
-    data = extra.get(KEY)
-    if not data:
+    """The chunk's metadata from its `SamplingParams` (None: none sent); raises `MetadataError`."""
+    extra = getattr(sampling_params, "extra_args", None)
+    if extra is None:
         return None
-    strategy = data.get("strategy")
-    return ChunkMeta(
-        int(data.get("segment", 0)),
-        tuple(PlannedSegment.from_list(p) for p in data.get("plan", ())),
-        Strategy(strategy) if strategy else None,
-        data.get("rid"),
-    )
+    if not isinstance(extra, dict):
+        raise MetadataError("extra_args", f"must be a dict, got {_show(extra)}")
+    return parse(extra.get(KEY))
 
 
 def workload_request(request_id: str, prompt_tokens: int, plan: tuple[PlannedSegment, ...], arrival_s: float) -> Request:
@@ -90,3 +176,45 @@ def workload_request(request_id: str, prompt_tokens: int, plan: tuple[PlannedSeg
             api = ApiCall(ApiType.OTHER, seg.api_s, seg.return_tokens)
         parts.append((max(seg.output_tokens, 1), api))
     return build_request(request_id, max(prompt_tokens, 1), parts, arrival_s)
+
+
+# --- checks -------------------------------------------------------------------------------
+
+
+def _no_constant(name: str) -> Any:
+    raise ValueError(f"{name} is not a number")
+
+
+def _show(value: Any) -> str:
+    if isinstance(value, (str, int, float, bool, type(None))):
+        text = json.dumps(value) if not (isinstance(value, int) and abs(value) > 10**30) else "a huge integer"
+    else:
+        text = type(value).__name__
+    return text if len(text) <= 60 else text[:57] + "..."
+
+
+def _integer(value: Any, field: str, low: int, high: int, label: str | None = None) -> int:
+    if type(value) is not int:  # bool is not a count; 3.0 is not either
+        raise MetadataError(field, f"must be an integer, got {_show(value)}", label)
+    if not low <= value <= high:
+        raise MetadataError(field, f"must be between {low} and {high}, got {_show(value)}", label)
+    return value
+
+
+def _number(value: Any, field: str, low: float, high: float, label: str | None = None) -> float:
+    if type(value) not in (int, float):
+        raise MetadataError(field, f"must be a number, got {_show(value)}", label)
+    if isinstance(value, float) and not math.isfinite(value):
+        raise MetadataError(field, f"must be a finite number, got {value}", label)
+    if not low <= value <= high:
+        raise MetadataError(field, f"must be between {low:g} and {high:g}, got {_show(value)}", label)
+    return float(value)
+
+
+def _api_type(value: Any, field: str, label: str | None = None) -> ApiType | None:
+    if value is None:
+        return None
+    valid = [t.value for t in ApiType]
+    if not isinstance(value, str) or value not in valid:
+        raise MetadataError(field, f"must be one of {', '.join(valid)} or null, got {_show(value)}", label)
+    return ApiType(value)
