@@ -10,11 +10,17 @@ requests) is an ordinary push: in a ranked queue the rank decides.
 Admission: while the scheduler builds a step (`gating`), the queue reads as empty
 when its head may not be admitted (`admits`, the policy's predicted-peak rule), so
 vLLM's waiting loop stops there, as the simulator's does.
+
+Faults: with `on_fault`, a request whose key the policy cannot compute is left out of
+the queue and reported (`on_fault(request, error, where)`; the scheduler ends it with
+an error) instead of raising into vLLM's step. A refresh that fails for one request
+rebuilds the queue from the others.
 """
 
 from __future__ import annotations
 
 from collections.abc import Callable, Iterable, Iterator
+from typing import Any
 
 from vllm.v1.core.sched.request_queue import RequestQueue
 from vllm.v1.request import Request
@@ -31,6 +37,7 @@ class RankedRequestQueue(RequestQueue):
         iteration: Callable[[], int],
         now: Callable[[], float],
         admits: Callable[[Request], bool] | None = None,
+        on_fault: Callable[[Request, BaseException, str], Any] | None = None,
     ) -> None:
         self.queue = WaitingQueue(policy)
         self._progress_of = progress_of
@@ -38,6 +45,7 @@ class RankedRequestQueue(RequestQueue):
         self._iteration = iteration
         self._now = now
         self._admits = admits
+        self._on_fault = on_fault
         self.gating = False  # set by the scheduler around its step
         self._requests: dict[str, Request] = {}
         self._held: Request | None = None
@@ -50,7 +58,20 @@ class RankedRequestQueue(RequestQueue):
 
     def refresh(self, load: EngineLoad, iteration: int) -> bool:
         self._unhold()
-        return self.queue.refresh(load, iteration)
+        try:
+            return self.queue.refresh(load, iteration)
+        except Exception:
+            if self._on_fault is None:
+                raise
+        # A key failed midway: the heap is half rebuilt. Take every request out (their
+        # starvation counts are kept in their progress) and push each back with a fresh key.
+        requests = list(self._requests.values())
+        for request in requests:
+            self.queue.remove(request.request_id, iteration, self._now())
+        self._requests.clear()
+        for request in requests:
+            self.add_request(request)
+        return True
 
     def starvation_counter(self, request_id: str) -> int:
         return self.queue.starvation_counter(request_id, self._iteration(), self._now())
@@ -59,7 +80,13 @@ class RankedRequestQueue(RequestQueue):
 
     def add_request(self, request: Request) -> None:
         self._unhold()
-        self.queue.push(self._progress_of(request), self._load(), self._iteration())
+        try:
+            self.queue.push(self._progress_of(request), self._load(), self._iteration())
+        except Exception as error:
+            if self._on_fault is None:
+                raise
+            self._on_fault(request, error, "ranking a waiting request")
+            return
         self._requests[request.request_id] = request
 
     def prepend_request(self, request: Request) -> None:

@@ -20,6 +20,13 @@ used is listed in docs/vllm-internals.md):
 The logic is in `MarsSchedulerMixin`; `MarsScheduler` puts it on vLLM's
 `AsyncScheduler`, which also runs correctly with synchronous execution (on CPU
 vLLM forces that), so one class serves both.
+
+Faults: an exception in our code or in the policy while handling one request
+(metadata that slipped past the front end's check, a policy error for its values)
+ends that request, not the engine: it is logged, the request is finished with
+`FINISHED_ERROR` at the start of the next step (vLLM answers its client with an
+error, like a grammar or KV-load failure) and its memory is freed. Faults outside
+any one request's handling still propagate.
 """
 
 from __future__ import annotations
@@ -31,17 +38,21 @@ from collections import OrderedDict
 from dataclasses import dataclass, field
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler
+from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
 from marsched.policy import Admission, EngineLoad, RequestProgress, Strategy, StrategyAssignment
 from marsched.predict import SegmentPrediction
 from marsched.vllm.config import MarsConfig
 from marsched.vllm.kv_swap import HostSwapConnector, SwapMeta
-from marsched.vllm.metadata import PlannedSegment, decode, workload_request
+from marsched.vllm.metadata import MetadataError, PlannedSegment, decode, workload_request
 from marsched.vllm.ranked_queue import RankedRequestQueue
 from marsched.vllm.trace import open_trace
 from marsched.workload.model import ApiCall, ApiType
+
+logger = init_logger(__name__)
 
 _PAUSED = RequestStatus.WAITING_FOR_STREAMING_REQ
 _LIVE: list[weakref.ref] = []  # schedulers of this process, for MarsWorkerExtension
@@ -101,9 +112,11 @@ class MarsSchedulerMixin:
         self._paused_preserved: dict[str, Request] = {}
         self._swap_inflight: dict[str, tuple[Any, int]] = {}
         self._changed: set[str] = set()  # requests whose info changed since the last step
+        self._failed: dict[str, Request] = {}  # a fault of ours: ended with an error at the next step
+        self._error_outputs: list[Request] = []  # ended with an error: told to the client at this step's output
         assert not self.waiting, "the waiting queue is replaced before any request arrives"
         self.waiting = RankedRequestQueue(self.mars_policy, self._progress_of, self._load, lambda: self._iteration,
-                                          time.monotonic, self._admits)
+                                          time.monotonic, self._admits, on_fault=self._fail)
         self._swapper = self.connector if isinstance(self.connector, HostSwapConnector) else None
         _LIVE.append(weakref.ref(self))
 
@@ -121,6 +134,23 @@ class MarsSchedulerMixin:
         """The policy's admission rule for the head of the waiting queue, against the running batch."""
         if self.mars_policy.admission is Admission.GREEDY or request.request_id not in self._tracked:
             return True
+        try:
+            return self._admits_by_peak(request)
+        except Exception as error:  # noqa: BLE001 - find the request at fault; the rest go on
+            culprits = [r for r in (request, *self.running) if r.request_id in self._tracked
+                        and not self._outlook_ok(r)]
+            for culprit in culprits:
+                self._fail(culprit, error, "admission")
+            return request not in culprits  # a fault elsewhere: admit greedily
+
+    def _outlook_ok(self, request: Request) -> bool:
+        try:
+            self.mars_policy.kv_outlook(self._progress_of(request))
+        except Exception:  # noqa: BLE001
+            return False
+        return True
+
+    def _admits_by_peak(self, request: Request) -> bool:
         running = [self._progress_of(r) for r in self.running if r.request_id in self._tracked]
         pool = self.kv_cache_manager.block_pool
         block_tokens = self.cache_config.block_size
@@ -148,7 +178,15 @@ class MarsSchedulerMixin:
             if self._swapper is not None:
                 self._swapper.snapshot_dirty = True
         if self.mars_trace.enabled:
-            self.mars_trace.emit(event, time.monotonic(), tracked.rid if tracked else None, **fields)
+            try:
+                self.mars_trace.emit(event, time.monotonic(), tracked.rid if tracked else None, **fields)
+            except (OSError, ValueError) as error:  # a full disk must not stop the engine: stop tracing
+                logger.error("marsched: writing the event trace failed (%s); tracing stops here", error)
+                broken, self.mars_trace = self.mars_trace, open_trace(None)
+                try:
+                    broken.close()
+                except OSError:
+                    pass
 
     def _emit_assignments(self, tracked: Tracked, since: int) -> None:
         for a in tracked.progress.assignments[since:]:
@@ -159,13 +197,16 @@ class MarsSchedulerMixin:
 
     def add_request(self, request: Request) -> None:
         existing = self.requests.get(request.request_id)
-        if existing is None:
-            self._on_arrival(request)
-        elif StreamingUpdate.from_request(request) is None:  # the session's closing message
-            tracked = self._tracked.get(request.request_id)
-            if tracked is not None:
-                tracked.closing = True
-        super().add_request(request)
+        try:
+            if existing is None:
+                self._on_arrival(request)
+            elif StreamingUpdate.from_request(request) is None:  # the session's closing message
+                tracked = self._tracked.get(request.request_id)
+                if tracked is not None:
+                    tracked.closing = True
+            super().add_request(request)
+        except Exception as error:  # noqa: BLE001 - this request ends; the engine goes on
+            self._fail(existing or request, error, "arrival" if existing is None else "next input chunk")
 
     def _on_arrival(self, request: Request) -> None:
         now = time.monotonic()
@@ -206,9 +247,12 @@ class MarsSchedulerMixin:
         finished = super()._handle_stopped_request(request)
         tracked = self._tracked.get(request.request_id)
         if tracked is not None and not finished and request.status == _PAUSED:
-            tracked.paused_t = time.monotonic()
-            if tracked.progress.segment.api is not None:
-                self._start_call(request, tracked, apply=True)
+            try:
+                tracked.paused_t = time.monotonic()
+                if tracked.progress.segment.api is not None:
+                    self._start_call(request, tracked, apply=True)
+            except Exception as error:  # noqa: BLE001
+                self._fail(request, error, "API call start")
         return finished
 
     def _start_call(self, request: Request, tracked: Tracked, apply: bool) -> None:
@@ -264,25 +308,42 @@ class MarsSchedulerMixin:
             if tracked is None or request.status != _PAUSED or tracked.kv != Kv.DEVICE:
                 del self._paused_preserved[rid]
                 continue
-            before = len(tracked.progress.assignments)
-            strategy = self.mars_policy.reconsider(tracked.progress, load)
-            if strategy is None:
-                continue
-            del self._paused_preserved[rid]
-            if strategy is Strategy.SWAP and not self._can_swap(request, load):
-                strategy = self.mars_policy.host_full_fallback(tracked.progress, load)
-            self._emit_assignments(tracked, before)
-            tracked.strategies[-1] = strategy.value
-            self._apply(request, tracked, strategy)
+            try:
+                before = len(tracked.progress.assignments)
+                strategy = self.mars_policy.reconsider(tracked.progress, load)
+                if strategy is None:
+                    continue
+                del self._paused_preserved[rid]
+                if strategy is Strategy.SWAP and not self._can_swap(request, load):
+                    strategy = self.mars_policy.host_full_fallback(tracked.progress, load)
+                self._emit_assignments(tracked, before)
+                tracked.strategies[-1] = strategy.value
+                self._apply(request, tracked, strategy)
+            except Exception as error:  # noqa: BLE001
+                self._paused_preserved.pop(rid, None)
+                self._fail(request, error, "reconsidering a paused request")
 
     def _update_request_as_session(self, session: Request, update: Any) -> None:
         tracked = self._tracked.get(session.request_id)
-        if tracked is None:
+        if tracked is None or session.request_id in self._failed:
             return super()._update_request_as_session(session, update)
-        rid = session.request_id
         was_paused = session.status == _PAUSED
         now = time.monotonic()
-        progress = tracked.progress
+        try:
+            self._before_resume(session, tracked, now)
+        except Exception as error:  # noqa: BLE001
+            self._fail(session, error, "next input chunk")
+        # vLLM's own update always runs, so that its queues and counters stay consistent.
+        super()._update_request_as_session(session, update)
+        if session.request_id in self._failed:
+            return
+        try:
+            self._after_resume(session, tracked, update, was_paused, now)
+        except Exception as error:  # noqa: BLE001
+            self._fail(session, error, "next input chunk")
+
+    def _before_resume(self, session: Request, tracked: Tracked, now: float) -> None:
+        rid = session.request_id
         if not tracked.in_call:  # unplanned call, or the chunk came before the segment ended
             if tracked.paused_t is None:
                 tracked.paused_t = now
@@ -291,8 +352,10 @@ class MarsSchedulerMixin:
             self._swapper.cancel_swap_out(rid)
             tracked.kv = Kv.DEVICE
         self._paused_preserved.pop(rid, None)
-        super()._update_request_as_session(session, update)
 
+    def _after_resume(self, session: Request, tracked: Tracked, update: Any, was_paused: bool, now: float) -> None:
+        rid = session.request_id
+        progress = tracked.progress
         call = progress.segment.api
         returned = max(len(update.prompt_token_ids or ()) - 1, 0)  # chunk = [last token] + return
         duration = now - (progress.api_started_s or now)
@@ -346,6 +409,7 @@ class MarsSchedulerMixin:
     # --- the step ---------------------------------------------------------------------
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        self._end_failed()
         self._iteration += 1
         now = time.monotonic()
         if self._last_step_t is not None and self.running:
@@ -387,14 +451,22 @@ class MarsSchedulerMixin:
         for request in self.running:
             tracked = self._tracked.get(request.request_id)
             if tracked is not None and (refreshed or self.mars_policy.keys_follow_load is False):
-                tracked.victim_key = self.mars_policy.victim_key(tracked.progress, load)
+                try:
+                    tracked.victim_key = self.mars_policy.victim_key(tracked.progress, load)
+                except Exception as error:  # noqa: BLE001
+                    tracked.victim_key = math.inf
+                    self._fail(request, error, "ranking a running request")
         it = self._iteration
 
         def key(request: Request) -> tuple[int, float]:
             tracked = self._tracked.get(request.request_id)
             if tracked is None:
                 return (1, math.inf)
-            protected = self.mars_policy.is_protected(tracked.progress, it)
+            try:
+                protected = self.mars_policy.is_protected(tracked.progress, it)
+            except Exception as error:  # noqa: BLE001
+                self._fail(request, error, "ranking a running request")
+                return (1, math.inf)
             return (0 if protected else 1, tracked.victim_key)
 
         self.running.sort(key=key)
@@ -411,14 +483,17 @@ class MarsSchedulerMixin:
                 continue
             progress = tracked.progress
             progress.ran_before = True
-            if progress.promoted or progress.elder:
-                self.mars_policy.protect(progress, self._iteration)
             if tracked.restore_skip_prefix is not None:
                 request.skip_reading_prefix_cache = tracked.restore_skip_prefix
                 tracked.restore_skip_prefix = None
             tracked.kv = Kv.DEVICE
-            load = load or self._load()
-            tracked.victim_key = self.mars_policy.victim_key(progress, load)
+            try:
+                if progress.promoted or progress.elder:
+                    self.mars_policy.protect(progress, self._iteration)
+                load = load or self._load()
+                tracked.victim_key = self.mars_policy.victim_key(progress, load)
+            except Exception as error:  # noqa: BLE001
+                self._fail(request, error, "admission")
             self._emit("admit", tracked, segment=progress.segment_index, iteration=self._iteration,
                        prefill_tokens=output.num_scheduled_tokens.get(rid, 0), wait_s=now - tracked.wait_since_t)
         meta = getattr(output, "kv_connector_metadata", None)
@@ -464,21 +539,77 @@ class MarsSchedulerMixin:
                 if tracked is not None and out.new_token_ids and math.isnan(tracked.first_token_t):
                     now = now or time.monotonic()
                     tracked.first_token_t = now
+        if self._error_outputs:
+            result = self._tell_errors(result if result is not None else {})
+        return result
+
+    # --- faults -------------------------------------------------------------------------
+
+    def _fail(self, request: Request, error: BaseException, where: str) -> None:
+        """A fault of ours while handling one request: it ends with an error at the next step."""
+        rid = request.request_id
+        if rid not in self._failed:
+            if isinstance(error, MetadataError):
+                logger.error("marsched: request %s: %s: %s; ending it with an error", rid, where, error)
+            else:
+                logger.error("marsched: %s failed for request %s; ending it with an error (the engine goes on)",
+                             where, rid, exc_info=error)
+        self._failed[rid] = request
+
+    def _end_failed(self) -> None:
+        """Finish every request that faulted (FINISHED_ERROR frees its blocks and host copy)."""
+        if not self._failed:
+            return
+        failed, self._failed = self._failed, {}
+        for rid, request in failed.items():
+            if request.is_finished():  # it ended on its own since (its client has its answer)
+                continue
+            if self.requests.get(rid) is request:
+                self.finish_requests(rid, RequestStatus.FINISHED_ERROR)
+            else:  # it never got past arrival: vLLM does not hold it
+                self._forget(request)
+            self._error_outputs.append(request)
+
+    def _forget(self, request: Request) -> None:
+        rid = request.request_id
+        self.waiting.remove_requests([request])
+        self.kv_holding_waiting.remove_requests([request])
+        self._tracked.pop(rid, None)
+        self._paused_preserved.pop(rid, None)
+        self._swap_inflight.pop(rid, None)
+        if self._swapper is not None:
+            self._swapper.drop(rid)
+
+    def _tell_errors(self, result: dict[int, Any]) -> dict[int, Any]:
+        """Answer each request ended for a fault with an error output, as vLLM does for its own."""
+        ended, self._error_outputs = self._error_outputs, []
+        for request in ended:
+            output = EngineCoreOutput(request_id=request.request_id, new_token_ids=[],
+                                      finish_reason=FinishReason.ERROR)
+            outputs = result.get(request.client_index)
+            if outputs is None:
+                outputs = result[request.client_index] = EngineCoreOutputs(outputs=[])
+            outputs.outputs.append(output)
+            if self.finished_req_ids_dict is not None:
+                outputs.finished_requests = (outputs.finished_requests or set()) | {request.request_id}
         return result
 
     def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
         tracked = self._tracked.get(request.request_id)
-        blocks = sum(len(ids) for ids in self.kv_cache_manager.get_block_ids(request.request_id))
         if tracked is not None:
-            tracked.preemptions += 1
-            tracked.wait_since_t = time.monotonic()
-            strategy = tracked.progress.strategy
-            self._emit("preempt", tracked, segment=tracked.progress.segment_index,
-                       strategy=strategy.value if strategy else None, freed_blocks=blocks)
+            try:
+                blocks = sum(len(ids) for ids in self.kv_cache_manager.get_block_ids(request.request_id))
+                tracked.preemptions += 1
+                tracked.wait_since_t = time.monotonic()
+                strategy = tracked.progress.strategy
+                self._emit("preempt", tracked, segment=tracked.progress.segment_index,
+                           strategy=strategy.value if strategy else None, freed_blocks=blocks)
+            except Exception as error:  # noqa: BLE001
+                self._fail(request, error, "preemption")
         super()._preempt_request(request, timestamp, drop_stale_output)
 
     def has_requests(self) -> bool:
-        return super().has_requests() or bool(self._swap_inflight)
+        return super().has_requests() or bool(self._swap_inflight or self._failed or self._error_outputs)
 
     # --- the end ----------------------------------------------------------------------
 
@@ -487,22 +618,35 @@ class MarsSchedulerMixin:
         tracked = self._tracked.get(rid)
         result = super()._free_request(request, delay_free_blocks)
         if tracked is not None:
-            self._paused_preserved.pop(rid, None)
-            self._swap_inflight.pop(rid, None)
-            if self._swapper is not None:
-                self._swapper.drop(rid)
-            now = time.monotonic()
-            aborted = request.status == RequestStatus.FINISHED_ABORTED and not tracked.closing
-            info = self._info(tracked)
-            info.update(finished=True, status="aborted" if aborted else "finished", e2e_s=now - tracked.arrival_t)
-            self._done[tracked.rid] = info
-            while len(self._done) > _DONE_KEPT:
-                self._done.popitem(last=False)
-            del self._tracked[rid]
-            self._emit("finish", tracked, e2e_s=now - tracked.arrival_t,
-                       ttft_s=tracked.first_token_t - tracked.arrival_t, status=info["status"],
-                       strategies=list(tracked.strategies), preemptions=tracked.preemptions)
+            try:
+                self._forget_finished(request, tracked)
+            except Exception:  # noqa: BLE001 - bookkeeping only; vLLM has freed the request
+                logger.exception("marsched: bookkeeping for finished request %s failed", rid)
+                self._tracked.pop(rid, None)
         return result
+
+    def _forget_finished(self, request: Request, tracked: Tracked) -> None:
+        rid = request.request_id
+        self._paused_preserved.pop(rid, None)
+        self._swap_inflight.pop(rid, None)
+        if self._swapper is not None:
+            self._swapper.drop(rid)
+        now = time.monotonic()
+        if request.status == RequestStatus.FINISHED_ERROR:
+            status = "error"
+        elif request.status == RequestStatus.FINISHED_ABORTED and not tracked.closing:
+            status = "aborted"
+        else:
+            status = "finished"
+        info = self._info(tracked)
+        info.update(finished=True, status=status, e2e_s=now - tracked.arrival_t)
+        self._done[tracked.rid] = info
+        while len(self._done) > _DONE_KEPT:
+            self._done.popitem(last=False)
+        del self._tracked[rid]
+        self._emit("finish", tracked, e2e_s=now - tracked.arrival_t,
+                   ttft_s=tracked.first_token_t - tracked.arrival_t, status=status,
+                   strategies=list(tracked.strategies), preemptions=tracked.preemptions)
 
     def shutdown(self) -> None:
         try:
