@@ -10,7 +10,8 @@ m=.venv/bin/marsched
 declare -A loads=([single]=3,4,5,6,8,10,12,14,16 [multi]=2,5,8,10,12 [agent]=0.2,0.4,0.6,0.8,1.0)
 for trace in single multi agent; do
   qps=${loads[$trace]}
-  $m compare --trace "$trace" --policies vllm,infercept,mars --qps "$qps" --json "$out/$trace-main.json" >/dev/null
+  $m compare --trace "$trace" --policies vllm,infercept,mars --qps "$qps" --json "$out/$trace-main.json" \
+    --plot "$out/$trace-main.png" >/dev/null
   for sigma in 0.3 0.6; do
     $m compare --trace "$trace" --policies mars --predictor "noisy:$sigma" --qps "$qps" --json "$out/$trace-noisy$sigma.json" >/dev/null
   done

@@ -205,5 +205,12 @@ def list_names() -> None:
     console.print("profiles: " + ", ".join(profile_names()))
 
 
+# Real vLLM: `marsched model` builds a random-weight model, `marsched bench` replays a trace on it.
+from marsched.bench.commands import bench as _bench, model as _model  # noqa: E402
+
+app.command("model")(_model)
+app.command("bench")(_bench)
+
+
 if __name__ == "__main__":
     app()
