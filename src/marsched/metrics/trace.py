@@ -10,7 +10,7 @@ Events and their extra fields:
 | admit | segment, prefill_tokens, wait_s (the request leaves the queue and gets device blocks) |
 | schedule | iteration, iterations (>1 when identical decode iterations are run together), batch, tokens, dt_s, free_blocks, host_free_blocks |
 | preempt | segment, strategy, freed_blocks |
-| api_start | segment, strategy, context_tokens, duration_s |
+| api_start | segment, strategy (null for a trailing call, whose KV is freed at the call), context_tokens (at the call), duration_s |
 | swap_out | blocks (transfer finished; device blocks freed) |
 | swap_in | blocks (transfer finished; host blocks freed) |
 | api_end | segment, return_tokens |
@@ -23,9 +23,10 @@ from __future__ import annotations
 
 import json
 import os
-import tempfile
 from pathlib import Path
-from typing import IO, Any
+from typing import Any
+
+from marsched.atomic import AtomicFile
 
 
 class EventTrace:
@@ -45,30 +46,27 @@ class EventTrace:
 
 class TraceFile(EventTrace):
     """Writes to a temporary file beside `path` and renames it at `close`, so that a run that
-    fails leaves no partial trace behind."""
+    fails leaves no partial trace behind (`marsched.atomic.AtomicFile`: a symlink is written
+    through; a special file such as /dev/stdout or /dev/null is written directly)."""
 
     enabled = True
 
     def __init__(self, path: str | os.PathLike[str]) -> None:
         self.path = Path(path)
-        self.path.parent.mkdir(parents=True, exist_ok=True)
-        fd, self._tmp = tempfile.mkstemp(prefix=f".{self.path.name}.", dir=self.path.parent)
-        self._file: IO[str] = os.fdopen(fd, "w")
+        self._out = AtomicFile(self.path)
 
     def emit(self, event: str, t: float, rid: str | None = None, **fields: Any) -> None:
         record = {"event": event, "t": round(t, 6)}
         if rid is not None:
             record["rid"] = rid
         record.update(fields)
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        self._out.file.write((json.dumps(record, separators=(",", ":")) + "\n").encode())
 
     def close(self) -> None:
-        self._file.close()
-        os.replace(self._tmp, self.path)
+        self._out.commit()
 
     def abort(self) -> None:
-        self._file.close()
-        Path(self._tmp).unlink(missing_ok=True)
+        self._out.discard()
 
 
 def read_trace(path: str | os.PathLike[str]) -> list[dict[str, Any]]:
