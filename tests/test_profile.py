@@ -1,0 +1,87 @@
+"""Profiles: what the bundled ones derive from their constants, and what a bad profile file gets."""
+
+import json
+from importlib.resources import files
+
+import pytest
+
+from marsched.sim.profile import load_profile, profile_from_dict, profile_names
+
+
+def test_bundled_profiles_are_listed():
+    assert profile_names() == ["gptj-6b-a100", "vicuna-13b-2xa100"]
+
+
+def test_gptj_profile_derives_its_capacity_and_link_from_the_model_shape():
+    p = load_profile("gptj-6b-a100")
+    # K and V over 28 layers of 4096 in fp16: 2·28·4096·2 bytes per token.
+    assert p.kv_bytes_per_token == 458_752
+    # 40 GB × 0.9 minus 6.05e9 fp16 weights = 23.9e9 bytes, in blocks of 64 tokens (29,360,128 bytes).
+    assert (p.block_tokens, p.device_blocks, p.device_tokens) == (64, 814, 52_096)
+    assert (p.host_blocks, p.host_tokens) == (1089, 1089 * 64)  # 32 GB of host memory
+    assert p.cost.swap_tokens_per_s == pytest.approx(25e9 / 458_752)
+    assert (p.cost.seconds_per_token, p.cost.seconds_per_iteration, p.cost.token_budget) == (0.0463e-3, 0.010, 384)
+    assert p.name == "gptj-6b-a100" and "GPT-J" in p.description
+
+
+def test_vicuna_profile_counts_both_gpus():
+    p = load_profile("vicuna-13b-2xa100")
+    assert p.kv_bytes_per_token == 2 * 40 * 5120 * 2
+    assert (p.device_blocks, p.device_tokens, p.host_blocks) == (877, 56_128, 2441)  # 2 × 40 GB × 0.9 − 26e9
+    assert p.cost.swap_tokens_per_s == pytest.approx(50e9 / 819_200)
+
+
+def _gptj() -> dict:
+    return json.loads((files("marsched.sim") / "profiles" / "gptj-6b-a100.json").read_text())
+
+
+def test_a_profile_file_by_path_and_its_defaults(tmp_path):
+    data = _gptj()
+    del data["name"], data["description"]
+    data["host_swap_gb"] = 0  # no host memory is allowed
+    path = tmp_path / "mine.json"
+    path.write_text(json.dumps(data))
+    p = load_profile(str(path))
+    assert p.name == str(path) and p.description == "" and p.host_blocks == 0 and p.device_blocks == 814
+
+
+@pytest.mark.parametrize("change, message", [
+    (lambda d: d.pop("model"), "a profile is an object with a 'model' object"),
+    (lambda d: d.update(model=[1]), "a profile is an object with a 'model' object"),
+    (lambda d: d["model"].pop("layers"), "model: field 'layers' must be a number, got None"),
+    (lambda d: d["model"].update(dtype_bytes=True), "field 'dtype_bytes' must be a number, got True"),
+    (lambda d: d.update(gpus="1"), "field 'gpus' must be a number, got '1'"),
+    (lambda d: d.update(gpu_memory_gb=float("inf")), "field 'gpu_memory_gb' must be a number"),
+    (lambda d: d.update(token_budget=0), "field 'token_budget' must be > 0, got 0"),
+    (lambda d: d.update(link_gb_per_s=-1), "field 'link_gb_per_s' must be > 0, got -1"),
+    (lambda d: d.update(host_swap_gb=None), "field 'host_swap_gb' must be a number"),
+    (lambda d: d["model"].update(parameters=2e10), "weights do not leave room for a KV cache"),
+])
+def test_bad_profile_fields_are_named(change, message):
+    data = _gptj()
+    change(data)
+    with pytest.raises(ValueError) as error:
+        profile_from_dict(data, "my.json")
+    assert str(error.value).startswith("my.json") and message in str(error.value)
+
+
+def test_a_profile_that_is_not_an_object():
+    with pytest.raises(ValueError, match="a profile is an object"):
+        profile_from_dict([], "my.json")
+
+
+def test_unknown_profile_lists_the_valid_ones():
+    with pytest.raises(ValueError, match=r"unknown profile 'h100'; valid: gptj-6b-a100, vicuna-13b-2xa100 \(or a path"):
+        load_profile("h100")
+
+
+def test_profile_file_with_bad_json_names_the_file(tmp_path):
+    path = tmp_path / "broken.json"
+    path.write_text("{")
+    with pytest.raises(ValueError, match=rf"{path}: not valid JSON"):
+        load_profile(str(path))
+
+
+def test_a_missing_json_path_is_an_unknown_profile(tmp_path):
+    with pytest.raises(ValueError, match="unknown profile"):
+        load_profile(str(tmp_path / "absent.json"))

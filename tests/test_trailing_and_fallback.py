@@ -1,0 +1,195 @@
+"""Trailing calls, the host-full fallback, and the small pieces of state the engines rely on.
+
+Hand-sized runs on the `simhelpers` test engine (16-token blocks, t(n) = 10 ms + 0.05 ms·n,
+a 128-token budget); the expected numbers are worked out in the comments.
+"""
+
+from __future__ import annotations
+
+import pytest
+
+from marsched.policy import CostModel, WaitingQueue, make_policy
+from marsched.policy.load import EngineLoad
+from marsched.policy.progress import RequestProgress
+from marsched.policy.strategy import Strategy
+from marsched.sim.engine import Simulator
+from marsched.workload import ApiCall, ApiType, build_request
+from simhelpers import COST, single, small_profile, two_segment
+from test_engine_semantics import Recorder, _events, t
+
+LOAD = EngineLoad(now_s=0.0, running_kv_tokens=0, iteration_s=0.01, host_free_tokens=10**9)
+
+
+def _trailing(rid="T", arrival=0.0, last_call_s=1.0):
+    # 40-token prompt, 10 tokens, a 0.5 s call returning 5, 8 tokens, then a trailing call returning 7.
+    return build_request(rid, 40, [(10, ApiCall(ApiType.OTHER, 0.5, 5)), (8, ApiCall(ApiType.OTHER, last_call_s, 7))],
+                         arrival)
+
+
+@pytest.mark.parametrize("policy_name", ["mars", "infercept", "vllm", "preserve"])
+def test_a_trailing_call_frees_the_kv_and_the_request_ends_when_it_returns(policy_name):
+    during_call = []
+
+    def watch(event):
+        if event["event"] == "api_start" and event["segment"] == 1:
+            during_call.append(sim.device.used)
+
+    trace = Recorder(watch)
+    sim = Simulator([_trailing()], small_profile(), make_policy(policy_name, COST), trace=trace)
+    result = sim.run()
+    events = trace.events
+    last_call = _events(events, "T", "api_start")[1]
+    # Nothing is computed after the last call, so nothing is kept for it.
+    assert last_call["strategy"] is None and during_call == [0]
+    assert last_call["context_tokens"] == 40 + 10 + 5 + 8
+    finish = _events(events, "T", "finish")[0]
+    assert finish["t"] == pytest.approx(last_call["t"] + 1.0)
+    assert not [e for e in events if e["event"] == "admit" and e["segment"] == 2]
+    record = result.records[0]
+    assert (record.output_tokens, record.api_return_tokens, record.api_time_s) == (18, 12, 1.5)
+    assert sim.device.used == 0 and sim.host.used == 0
+
+
+def test_a_trailing_call_gets_no_strategy_and_no_call_area():
+    mars = make_policy("mars", COST)
+    trailing = RequestProgress(_trailing(), order_s=0.0)
+    without = RequestProgress(build_request("N", 40, [(10, ApiCall(ApiType.OTHER, 0.5, 5)), (8, None)]), order_s=0.0)
+    for progress in (trailing, without):
+        mars.start_segment(progress, LOAD)
+    # A 1 s trailing call, or a 100 s one, adds nothing: its KV is freed at the call.
+    assert mars.memory_time(trailing, LOAD) == pytest.approx(mars.memory_time(without, LOAD))
+    long_tail = RequestProgress(_trailing(last_call_s=100.0), order_s=0.0)
+    mars.start_segment(long_tail, LOAD)
+    assert mars.memory_time(long_tail, LOAD) == pytest.approx(mars.memory_time(without, LOAD))
+    trailing.segment_index = 1
+    mars.start_segment(trailing, LOAD)
+    assert trailing.strategy is None and len(trailing.assignments) == 1  # segment 0's only
+
+
+def test_the_last_request_ending_with_a_call_ends_the_run():
+    result = Simulator([_trailing()], small_profile(), make_policy("infercept", COST)).run()
+    assert len(result.records) == 1 and result.end_s == pytest.approx(result.records[0].finish_s)
+
+
+# --- swap with no room on the host ------------------------------------------------------------
+
+
+def _swap_run(policy_name, api_s):
+    request = two_segment("S", 0.0, 100, 5, api_s, 2, 5)
+    trace = Recorder()
+    sim = Simulator([request], small_profile(host_blocks=0), make_policy(policy_name, COST), trace=trace)
+    result = sim.run()
+    return result.records[0], _events(trace.events, "S", "assign_strategy")
+
+
+@pytest.mark.parametrize("api_s, expected", [(10.0, "discard"), (0.0001, "preserve")])
+def test_swap_with_a_full_host_falls_back_to_the_cheaper_of_preserve_and_discard(api_s, expected):
+    # Context at the call: 104 tokens. Preserve costs 104·T; Discard Tfwd(104)·104 = 0.0152·104 ≈ 1.58.
+    record, assignments = _swap_run("swap", api_s)
+    assert record.strategies == (expected,)
+    fallback = assignments[-1]
+    assert (fallback["reason"], fallback["strategy"], fallback["context_tokens"]) == ("host-full", expected, 104)
+    assert fallback["api_s"] == api_s  # the fixed rule's prediction: the call's (oracle) duration
+
+
+def test_infercept_with_no_host_room_decides_between_preserve_and_discard_at_the_call():
+    # INFERCEPT would swap a 10 s call (waste 2·Tswap(104)·104 ≈ 1.08 < discard 1.58); seeing no host
+    # room at the call, it picks discard there, from the actual context and the whole call ahead.
+    record, assignments = _swap_run("infercept", 10.0)
+    assert record.strategies == ("discard",)
+    assert (assignments[-1]["reason"], assignments[-1]["context_tokens"]) == ("at-call", 104)
+    assert assignments[-1]["api_s"] == pytest.approx(10.0)
+
+
+# --- small pieces of state ----------------------------------------------------------------------
+
+
+def test_push_back_takes_back_only_the_request_popped_last():
+    mars = make_policy("mars", COST, starvation="iterations", starvation_threshold=100)
+    queue = WaitingQueue(mars)
+    small, large = (RequestProgress(single(rid, 0.0, n, n), order_s=0.0) for rid, n in (("small", 10), ("large", 500)))
+    for progress in (small, large):
+        mars.start_segment(progress, LOAD)
+        queue.push(progress, LOAD, iteration=0)
+    with pytest.raises(ValueError, match="push_back takes back only the request popped last"):
+        queue.push_back(large)
+    popped = queue.pop(7)
+    assert popped is small and small.waited_iterations == 7 and "small" not in queue
+    queue.push_back(small)
+    assert small.waited_iterations == 0 and "small" in queue and len(queue) == 2
+    assert queue.starvation_counter("small", 9) == 9  # its counter kept running while it was out
+    assert [p.request_id for p in queue.ordered()] == ["small", "large"]
+    with pytest.raises(ValueError):
+        queue.push_back(small)  # only once
+    with pytest.raises(ValueError, match="already waiting"):
+        queue.push(small, LOAD, iteration=9)
+
+
+def test_kv_outlook_follows_the_prediction_and_the_strategy():
+    mars = make_policy("mars", COST)
+    progress = RequestProgress(two_segment("r", 0.0, 100, 30, 0.0001, 2, 5), order_s=0.0)
+    mars.start_segment(progress, LOAD)
+    assert progress.strategy is Strategy.PRESERVE  # a 0.1 ms call: keeping 130 tokens costs almost nothing
+    progress.generated = 12
+    outlook = mars.kv_outlook(progress)
+    assert (outlook.tokens, outlook.decode_left, outlook.held_after) == (100, 18, True)
+    progress.generated = 40  # past the prediction: one more iteration at least
+    assert mars.kv_outlook(progress).decode_left == 1
+    progress.segment_index, progress.generated = 1, 0
+    mars.start_segment(progress, LOAD)
+    assert mars.kv_outlook(progress).held_after is False  # the last segment frees its KV at the end
+
+
+@pytest.mark.parametrize("kwargs, message", [
+    (dict(token_budget=0), "token budget must be >= 1"),
+    (dict(swap_tokens_per_s=0.0), "swap bandwidth must be > 0"),
+])
+def test_cost_model_refuses_impossible_engines(kwargs, message):
+    values = dict(seconds_per_token=1e-5, seconds_per_iteration=0.01, token_budget=128, swap_tokens_per_s=1e4)
+    values.update(kwargs)
+    with pytest.raises(ValueError, match=message):
+        CostModel(**values)
+
+
+def test_cost_model_times():
+    assert COST.swap_time(-5) == 0 and COST.swap_time(20_000) == pytest.approx(1.0)
+    assert COST.recompute_time(0) == 0
+    assert COST.recompute_time(300) == pytest.approx(2 * t(128) + t(44))
+    assert COST.full_iteration_s == pytest.approx(t(128))
+
+
+def test_check_invariants_catches_accounting_errors():
+    def corrupt_at_step(n, corrupt, message):
+        sim = Simulator([single("r", 0.0, 40, 50)], small_profile(), make_policy("infercept", COST))
+        steps = []
+
+        def hook(s):
+            steps.append(1)
+            s.check_invariants()  # consistent until corrupted
+            if len(steps) == n:
+                corrupt(s)
+                s.check_invariants()
+
+        sim.on_step = hook
+        with pytest.raises(AssertionError, match=message):
+            sim.run()
+
+    def pool_drift(s):
+        s.device.used += 1
+
+    def overfull_blocks(s):
+        live = next(iter(s.live.values()))
+        live.progress.computed_tokens = live.device_blocks * 16 + 1
+
+    def over_capacity(s):
+        s.device.used = s.device.capacity + 1
+        next(iter(s.live.values())).device_blocks += s.device.capacity + 1 - sum(
+            r.device_blocks for r in s.live.values())
+
+    def host_drift(s):
+        s.host.used += 1
+
+    corrupt_at_step(1, pool_drift, "block accounting: device")
+    corrupt_at_step(1, host_drift, "host 1 vs 0")
+    corrupt_at_step(1, overfull_blocks, "r: .* computed tokens in .* blocks")
+    corrupt_at_step(1, over_capacity, "outside its capacity")
