@@ -2,30 +2,67 @@
 
 from __future__ import annotations
 
+import math
 import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Any, NoReturn
 
 import typer
+from rich import box
 from rich.console import Console
+from rich.markup import escape
+from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
+from marsched import __version__
+from marsched.atomic import OutputPathError, check_output_path
 from marsched.bench.report import plot_latency, write_json
 from marsched.bench.runner import RunSpec, grid, run_grid, run_one
+from marsched.policy import Admission
 from marsched.policy.registry import POLICY_NAMES, STARVATION_NAMES, parse_threshold
-from marsched.sim.profile import profile_names
+from marsched.predict import parse_api_estimator, parse_length_predictor
+from marsched.sim.profile import load_profile, profile_names
 from marsched.workload.errors import TraceWarning
-from marsched.workload.loader import TRACE_NAMES, load_trace
+from marsched.workload.loader import NAMED_TRACES, TRACE_NAMES, load_trace
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="MARS scheduling for augmented LLM requests: simulate and compare policies.")
 # Wide enough for the comparison table when output goes to a file or a pipe.
 console = Console(width=None if sys.stdout.isatty() else 150)
 errors = Console(stderr=True)
+
+# One line each for `marsched list` (the README's policy table, shortened).
+POLICY_HELP = {
+    "vllm": "stock vLLM: FCFS; a request leaves at its API call and queues again at the tail (discard)",
+    "infercept": "INFERCEPT: FCFS by arrival; cheapest of preserve/discard/swap at the call, from the truth",
+    "sjf": "shortest predicted remaining tokens first; strategy fixed ahead from predictions",
+    "preserve": "FCFS; always keep the KV cache on the device during a call",
+    "discard": "FCFS; always free the KV cache at a call and recompute it after",
+    "swap": "FCFS; always copy the KV cache to host memory during a call",
+    "mars": "MARS: predicted memory x time first, strategy fixed ahead, starvation prevention, predicted-peak admission",
+}
+STARVATION_HELP = {
+    "age": "15 s of waiting in total promotes a request for life (FCFS among promoted); MARS's default",
+    "published": "the MARS code's rule: 100 iterations, counted only for requests that ran before",
+    "iterations": "100 iterations of waiting, counted for every waiting request",
+    "off": "no starvation prevention",
+}
+ADMISSION_HELP = {
+    Admission.GREEDY.value: "admit whatever fits now; preempt when the batch outgrows memory",
+    Admission.PREDICTED_PEAK.value: "admit only if the batch's predicted peak KV still fits (MARS's default)",
+}
+PREDICTOR_HELP = {
+    "oracle": "output lengths from the trace (exact)",
+    "noisy:SIGMA": "the true length times 1 + N(0, SIGMA), e.g. noisy:0.3",
+}
+API_ESTIMATOR_HELP = {
+    "type-mean": "per API type, the mean of the calls seen so far, started from a prior",
+    "oracle": "each call's true duration and return length",
+}
 
 TraceOpt = Annotated[str, typer.Option(
     help=f"Trace file (.json INFERCEPT/MARS format, .jsonl ours) or a bundled trace: {', '.join(TRACE_NAMES)} "
@@ -34,7 +71,7 @@ StrictOpt = Annotated[bool, typer.Option(
     "--strict", help="Reject trace values that are otherwise read leniently with a warning (negative API returns).")]
 ProfileOpt = Annotated[str, typer.Option(help="Profile name or path to a profile .json.")]
 DurationOpt = Annotated[float, typer.Option(help="Seconds of Poisson arrivals; the run then drains.")]
-SeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and noisy predictions.")]
+SeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and noisy predictions (0 to 2^32-1).")]
 PredictorOpt = Annotated[str, typer.Option(help="Output-length predictor: oracle or noisy:SIGMA.")]
 ApiOpt = Annotated[str, typer.Option("--api-estimator", help="API-duration estimate: type-mean or oracle.")]
 StarvationOpt = Annotated[str, typer.Option(
@@ -47,38 +84,155 @@ RefreshOpt = Annotated[int, typer.Option(help="Recompute ranking keys every k it
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the metrics records (a JSON list) here.")]
 
 
-def _fail(message: str) -> None:
-    errors.print(f"[bold red]error:[/] {message}", highlight=False)
+def _fail(message: str) -> NoReturn:
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True, emoji=False)
     raise typer.Exit(2)
 
 
-def _threshold(text: str) -> int | None | str:
-    return "default" if text == "default" else parse_threshold(text)
+def _version(value: bool) -> None:
+    if value:
+        console.print(f"marsched {__version__}", highlight=False)
+        raise typer.Exit()
 
 
-def _numbers(text: str, what: str) -> list[float]:
+@app.callback()
+def main(version: Annotated[bool, typer.Option(
+        "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False) -> None:
+    """MARS scheduling for augmented LLM requests: simulate and compare policies."""
+
+
+# --- checking options: every message names its flag -----------------------------------------
+
+
+def _flag(flag: str, value: Any, check: Any) -> Any:
+    """Run `check()`; a ValueError becomes an error naming the flag and its value."""
+    try:
+        return check()
+    except ValueError as error:
+        _fail(f"{flag} {value}: {error}")
+
+
+def _positive(flag: str, value: float) -> float:
+    if not (math.isfinite(value) and value > 0):
+        _fail(f"{flag} {value:g}: give a finite number > 0")
+    return value
+
+
+def _numbers(text: str, flag: str) -> list[float]:
     try:
         values = [float(v) for v in text.split(",") if v.strip()]
     except ValueError:
-        _fail(f"{what} {text!r}: give comma-separated numbers, e.g. 3,4,5,6")
-    if not values or any(v <= 0 for v in values):
-        _fail(f"{what} {text!r}: give positive numbers, e.g. 3,4,5,6")
+        _fail(f"{flag} {text!r}: give comma-separated numbers, e.g. 3,4,5,6")
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        _fail(f"{flag} {text!r}: give finite numbers > 0, e.g. 3,4,5,6")
     return values
 
 
-def _table(records: list[dict]) -> Table:
-    table = Table(title="end-to-end latency (s), time to first token (s)", header_style="bold")
-    for column in ("qps", "policy", "e2e mean", "e2e p50", "e2e p99", "ttft mean", "ttft p99",
-                   "× isolated", "max wait", "preempt", "strategies", "finished"):
-        table.add_column(column, justify="left" if column in ("policy", "strategies") else "right")
-    for r in sorted(records, key=lambda r: (r["qps"], r["policy"])):
-        strategies = " ".join(f"{k[0].upper()}{v}" for k, v in r["strategy_counts"].items())
-        table.add_row(
-            f"{r['qps']:g}", r["policy"], f"{r['e2e_mean_s']:.2f}", f"{r['e2e_p50_s']:.2f}", f"{r['e2e_p99_s']:.2f}",
-            f"{r['ttft_mean_s']:.3f}", f"{r['ttft_p99_s']:.3f}", f"{r['e2e_mean_s'] / r['isolated_e2e_mean_s']:.3f}",
-            f"{r['max_queue_wait_s']:.1f}", str(r["preemptions"]), strategies, f"{r['num_finished']}/{r['num_requests']}",
-        )
+def _threshold(text: str) -> float | None | str:
+    return "default" if text == "default" else parse_threshold(text)
+
+
+def _policy_name(flag: str, name: str) -> str:
+    if name not in POLICY_NAMES:
+        _fail(f"{flag} {name}: unknown policy; valid: {', '.join(POLICY_NAMES)}")
+    return name
+
+
+def _check_options(*, profile: str | None = None, seed: int = 0, predictor: str = "oracle",
+                   api_estimator: str = "type-mean", starvation_threshold: str = "default",
+                   starvation: str = "default", admission: str = "default", refresh_interval: int = 1,
+                   duration: float | None = None) -> Any:
+    """Check each shared option on its own, so that a bad value is reported with its flag."""
+    if not 0 <= seed < 2**32:
+        _fail(f"--seed {seed}: give an integer from 0 to 2^32-1")
+    if duration is not None:
+        _positive("--duration", duration)
+    if refresh_interval < 1:
+        _fail(f"--refresh-interval {refresh_interval}: give a number of iterations >= 1")
+    if starvation != "default" and starvation not in STARVATION_NAMES:
+        _fail(f"--starvation {starvation}: unknown variant; valid: {', '.join(STARVATION_NAMES)}, default")
+    valid_admission = [a.value for a in Admission]
+    if admission != "default" and admission not in valid_admission:
+        _fail(f"--admission {admission}: unknown rule; valid: {', '.join(valid_admission)}, default")
+    threshold = _flag("--starvation-threshold", starvation_threshold, lambda: _threshold(starvation_threshold))
+    _flag("--predictor", predictor, lambda: parse_length_predictor(predictor, seed))
+    _flag("--api-estimator", api_estimator, lambda: parse_api_estimator(api_estimator))
+    if profile is not None:
+        _flag("--profile", profile, lambda: load_profile(profile))
+    return threshold
+
+
+def _check_outputs(**paths: Path | None) -> None:
+    """Every output path must be writable before any work starts (flag names: json_path -> --json)."""
+    for name, path in paths.items():
+        if path is not None:
+            try:
+                check_output_path(path)
+            except OutputPathError as error:
+                _fail(f"{_flag_name(name)} {path}: {error}")
+
+
+def _flag_name(name: str) -> str:
+    return {"json_path": "--json"}.get(name, "--" + name.replace("_", "-"))
+
+
+def _write(flag: str, path: Path, write: Any) -> None:
+    try:
+        write()
+    except OSError as error:
+        _fail(f"{flag} {path}: writing failed: {error.strerror or error}")
+
+
+# --- the results table -----------------------------------------------------------------------
+
+_COLUMNS = ("qps", "policy", "e2e mean", "e2e p50", "e2e p99", "ttft mean", "ttft p99",
+            "× isolated", "max wait", "preempt", "strategies", "finished")
+_LATENCY = _COLUMNS[:8]
+_LEFT = ("policy", "strategies")
+
+
+def _cells(r: dict) -> dict[str, str]:
+    strategies = " ".join(f"{k[0].upper()}{v}" for k, v in r["strategy_counts"].items())
+    return {
+        "qps": f"{r['qps']:g}", "policy": r["policy"], "e2e mean": f"{r['e2e_mean_s']:.2f}",
+        "e2e p50": f"{r['e2e_p50_s']:.2f}", "e2e p99": f"{r['e2e_p99_s']:.2f}", "ttft mean": f"{r['ttft_mean_s']:.3f}",
+        "ttft p99": f"{r['ttft_p99_s']:.3f}", "× isolated": f"{r['e2e_mean_s'] / r['isolated_e2e_mean_s']:.3f}",
+        "max wait": f"{r['max_queue_wait_s']:.1f}", "preempt": str(r["preemptions"]), "strategies": strategies,
+        "finished": f"{r['num_finished']}/{r['num_requests']}",
+    }
+
+
+def _build_table(title: str, columns: tuple[str, ...], rows: list[dict[str, str]]) -> Table:
+    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+    for column in columns:
+        # Never narrower than the longest word of a cell: a number is shown whole or not at all
+        # (`_tables` splits the table instead); headers and strategies wrap at spaces.
+        words = [w for row in rows for w in row[column].split()] or [""]
+        table.add_column(column, justify="left" if column in _LEFT else "right", overflow="fold",
+                         min_width=max(len(w) for w in words))
+    for row in rows:
+        table.add_row(*(row[c] for c in columns))
     return table
+
+
+def _tables(records: list[dict], width: int) -> list[Table]:
+    """The results: one table, or two (latency; queueing and memory) when one does not fit `width`."""
+    rows = [_cells(r) for r in records]
+    title = "end-to-end latency (s), time to first token (s)"
+    whole = _build_table(title, _COLUMNS, rows)
+    if Measurement.get(console, console.options.update(width=10_000), whole).maximum <= width:
+        return [whole]
+    rest = ("qps", "policy") + tuple(c for c in _COLUMNS if c not in _LATENCY)
+    return [_build_table(title, _LATENCY, rows),
+            _build_table("queueing (max wait, s) and memory (preemptions, strategies)", rest, rows)]
+
+
+def _print_results(records: list[dict], policies: list[str]) -> None:
+    """Rows in the order the policies were given, then by QPS."""
+    order = {name: index for index, name in enumerate(policies)}
+    records = sorted(records, key=lambda r: (order.get(r["policy"], len(order)), r["qps"]))
+    for table in _tables(records, console.width):
+        console.print(table)
 
 
 @contextmanager
@@ -96,7 +250,8 @@ def _trace_warnings_once() -> Iterator[None]:
             default_show(message, category, filename, lineno, file, line)
         elif str(message) not in shown:
             shown.add(str(message))
-            errors.print(f"[bold yellow]warning:[/] {message}", highlight=False, soft_wrap=True)
+            errors.print(f"[bold yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True,
+                         emoji=False)
 
     with warnings.catch_warnings():  # restores the filters and showwarning afterwards
         warnings.simplefilter("always", TraceWarning)
@@ -107,6 +262,14 @@ def _trace_warnings_once() -> Iterator[None]:
 def _progress() -> Progress:
     return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
                     console=errors, transient=True, disable=not sys.stderr.isatty())
+
+
+def _load_trace(trace: str, strict: bool) -> Any:
+    try:
+        return load_trace(trace, strict=strict)
+    except ValueError as error:
+        message = str(error)
+        _fail(f"--trace {message}" if message.startswith(f"{trace}:") else f"--trace {trace}: {message}")
 
 
 @app.command()
@@ -128,26 +291,36 @@ def simulate(
     strict: StrictOpt = False,
 ) -> None:
     """Simulate one policy at one arrival rate."""
+    _policy_name("--policy", policy)
+    _positive("--qps", qps)
+    threshold = _check_options(profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
+                               starvation_threshold=starvation_threshold, starvation=starvation,
+                               admission=admission, refresh_interval=refresh_interval, duration=duration)
+    _check_outputs(json_path=json_path, trace_out=trace_out)
+    spec = RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold,
+                   refresh_interval, str(trace_out) if trace_out else None, strict=strict,
+                   starvation=starvation, admission=admission)
     try:
-        if qps <= 0 or duration <= 0:
-            raise ValueError("--qps and --duration must be positive")
-        spec = RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator,
-                       _threshold(starvation_threshold), refresh_interval, str(trace_out) if trace_out else None,
-                       strict=strict, starvation=starvation, admission=admission)
-        spec.build()
-        with _trace_warnings_once():
-            templates = load_trace(trace, strict=strict)
-        with _progress() as progress:
-            task = progress.add_task(f"{policy} @ {qps:g} qps", total=None)
-            record = run_one(spec, templates, on_progress=lambda done, total: progress.update(task, completed=done, total=total))
+        spec.build()  # what is left: combinations of options
     except ValueError as error:
         _fail(str(error))
-    console.print(_table([record]))
+    with _trace_warnings_once():
+        templates = _load_trace(trace, strict)
+    try:
+        with _progress() as progress:
+            task = progress.add_task(f"{policy} @ {qps:g} qps", total=None)
+            record = run_one(spec, templates,
+                             on_progress=lambda done, total: progress.update(task, completed=done, total=total))
+    except ValueError as error:
+        _fail(str(error))
+    except OSError as error:  # the trace file, at its end (/dev/full)
+        _fail(f"--trace-out {trace_out}: writing failed: {error.strerror or error}")
+    _print_results([record], [policy])
     if json_path:
-        write_json([record], json_path)
-        console.print(f"metrics: {json_path}")
+        _write("--json", json_path, lambda: write_json([record], json_path))
+        console.print(f"metrics: {json_path}", highlight=False)
     if trace_out:
-        console.print(f"event trace: {trace_out}")
+        console.print(f"event trace: {trace_out}", highlight=False)
 
 
 @app.command()
@@ -171,38 +344,59 @@ def compare(
 ) -> None:
     """Run several policies at several arrival rates on the same workload and engine."""
     names = [p.strip() for p in policies.split(",") if p.strip()]
+    if not names:
+        _fail(f"--policies {policies!r}: name at least one of {', '.join(POLICY_NAMES)}")
+    for name in names:
+        _policy_name("--policies", name)
     rates = _numbers(qps, "--qps")
+    if workers < 0:
+        _fail(f"--workers {workers}: give 0 (one per core) or a number of processes >= 1")
+    threshold = _check_options(profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
+                               starvation_threshold=starvation_threshold, starvation=starvation,
+                               admission=admission, refresh_interval=refresh_interval, duration=duration)
+    _check_outputs(json_path=json_path, plot=plot)
+    base = RunSpec(names[0], rates[0], trace, profile, duration, seed, predictor, api_estimator, threshold,
+                   refresh_interval, strict=strict, starvation=starvation, admission=admission)
+    specs = grid(base, names, rates)
     try:
-        base = RunSpec(names[0] if names else "", rates[0], trace, profile, duration, seed, predictor,
-                       api_estimator, _threshold(starvation_threshold), refresh_interval, strict=strict,
-                       starvation=starvation, admission=admission)
-        if duration <= 0:
-            raise ValueError("--duration must be positive")
-        specs = grid(base, names, rates)
-        if not specs:
-            raise ValueError(f"--policies: name at least one of {', '.join(POLICY_NAMES)}")
+        for spec in specs:
+            spec.build()  # what is left: combinations of options
+    except ValueError as error:
+        _fail(str(error))
+    try:
         with _trace_warnings_once():  # the workers load the trace again; its warnings show once
-            load_trace(trace, strict=strict)  # a bad trace fails here, before any process starts
+            _load_trace(trace, strict)  # a bad trace fails here, before any process starts
             with _progress() as progress:
                 task = progress.add_task(f"{len(specs)} runs", total=len(specs))
                 records = run_grid(specs, workers or None, on_done=lambda _: progress.advance(task))
     except ValueError as error:
         _fail(str(error))
-    console.print(_table(records))
+    _print_results(records, names)
     if json_path:
-        write_json(records, json_path)
-        console.print(f"metrics: {json_path}")
+        _write("--json", json_path, lambda: write_json(records, json_path))
+        console.print(f"metrics: {json_path}", highlight=False)
     if plot:
-        plot_latency(records, plot)
-        console.print(f"plot: {plot}")
+        _write("--plot", plot, lambda: plot_latency(records, plot))
+        console.print(f"plot: {plot}", highlight=False)
 
 
 @app.command("list")
 def list_names() -> None:
-    """The policies and profiles there are."""
-    console.print("policies: " + ", ".join(POLICY_NAMES))
-    console.print("starvation variants: " + ", ".join(STARVATION_NAMES))
-    console.print("profiles: " + ", ".join(profile_names()))
+    """What there is to choose from: policies, starvation variants, admission rules, profiles, traces, predictors."""
+
+    def section(title: str, items: list[tuple[str, str]]) -> None:
+        console.print(f"[bold]{title}[/]")
+        width = max(len(name) for name, _ in items)
+        for name, text in items:
+            console.print(f"  {name:<{width}}  {text}", highlight=False, soft_wrap=True)
+
+    section("policies (--policy, --policies)", [(n, POLICY_HELP.get(n, "")) for n in POLICY_NAMES])
+    section("starvation variants (--starvation)", [(n, STARVATION_HELP.get(n, "")) for n in STARVATION_NAMES])
+    section("admission rules (--admission)", [(a.value, ADMISSION_HELP.get(a.value, "")) for a in Admission])
+    section("profiles (--profile)", [(n, load_profile(n).description) for n in profile_names()])
+    section("traces (--trace)", [(t.name, t.summary) for t in NAMED_TRACES])
+    section("predictors (--predictor)", list(PREDICTOR_HELP.items()))
+    section("API estimators (--api-estimator)", list(API_ESTIMATOR_HELP.items()))
 
 
 # Real vLLM: `marsched model` builds a random-weight model, `marsched bench` replays a trace on it.
