@@ -234,7 +234,7 @@ def bad_metadata_object(draw) -> str:
         data["strategy"] = draw(st.one_of(st.text(max_size=10).filter(lambda t: t not in ("preserve", "discard", "swap")),
                                           st.integers(), st.booleans()))
     elif kind == "rid":
-        data["rid"] = draw(st.one_of(st.just(""), st.text(min_size=257, max_size=300), st.integers(), st.booleans(),
+        data["rid"] = draw(st.one_of(st.just(""), st.text(min_size=1025, max_size=1100), st.integers(), st.booleans(),
                                      st.lists(st.text(max_size=3), max_size=2)))
     elif kind == "unknown":
         data[draw(st.text(min_size=1, max_size=12).filter(lambda k: k not in data))] = draw(scalars)

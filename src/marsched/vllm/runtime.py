@@ -41,7 +41,7 @@ from vllm.v1.engine.async_llm import AsyncLLM
 
 from marsched.policy import Strategy
 from marsched.vllm.config import MarsConfig
-from marsched.vllm.metadata import ChunkMeta, PlannedSegment
+from marsched.vllm.metadata import MAX_RID_CHARS, ChunkMeta, PlannedSegment
 from marsched.vllm.tools import ToolError, ToolRegistry, default_tools
 from marsched.workload.model import ApiType
 
@@ -224,6 +224,8 @@ class AugmentedEngine:
         """
         assert self.llm is not None, "call start() first"
         rid = request_id or f"aug-{uuid.uuid4().hex[:12]}"
+        if len(rid) > MAX_RID_CHARS:  # it rides in the metadata the scheduler checks
+            raise ValueError(f"request_id: at most {MAX_RID_CHARS} characters, got {len(rid)}")
         result = AugmentedResult(rid, list(prompt_token_ids), arrival_t=time.monotonic())
         self._tasks[rid] = asyncio.current_task()
         try:
