@@ -1,0 +1,211 @@
+"""The `marsched model` and `marsched bench` commands (registered in `marsched.cli`).
+
+Kept apart from `cli.py` so that the simulator's commands do not change with them; neither
+imports torch, transformers or vLLM until it runs.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import math
+import os
+import sys
+from pathlib import Path
+from typing import Annotated, NoReturn
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
+from rich.table import Table
+
+from marsched.bench.model import DTYPES, ModelDirError, ModelShape, check_out_dir
+from marsched.bench.report import plot_latency, write_json
+from marsched.workload.loader import TRACE_NAMES
+
+console = Console(width=None if sys.stdout.isatty() else 150)
+errors = Console(stderr=True)
+_SMALL = ModelShape()
+
+
+def _fail(message: str) -> NoReturn:
+    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True, emoji=False)
+    raise typer.Exit(2)
+
+
+def _need_vllm(command: str) -> None:
+    for module in ("vllm", "transformers"):
+        if importlib.util.find_spec(module) is None:
+            _fail(f"marsched {command} needs {module}: pip install 'marsched[vllm]'")
+
+
+# --- marsched model --------------------------------------------------------------------------
+
+
+def model(
+    out: Annotated[Path, typer.Option("--out", help="Directory to write the model to (new or empty).")],
+    layers: Annotated[int, typer.Option(help="Decoder layers.")] = _SMALL.layers,
+    hidden: Annotated[int, typer.Option(help="Hidden size.")] = _SMALL.hidden,
+    heads: Annotated[int, typer.Option(help="Attention (query) heads; head size = hidden / heads.")] = _SMALL.heads,
+    kv_heads: Annotated[int, typer.Option(help="Key/value heads (grouped-query attention).")] = _SMALL.kv_heads,
+    intermediate: Annotated[int, typer.Option(help="MLP intermediate size.")] = _SMALL.intermediate,
+    vocab: Annotated[int, typer.Option(help="Vocabulary size (model and tokenizer).")] = _SMALL.vocab,
+    max_position: Annotated[int, typer.Option(help="Longest context (max_position_embeddings).")] = _SMALL.max_position,
+    seed: Annotated[int, typer.Option(help="Seed of the weights and of the tokenizer's corpus.")] = _SMALL.seed,
+    dtype: Annotated[str, typer.Option(help=f"Weights' dtype: {', '.join(DTYPES)}.")] = _SMALL.dtype,
+    force: Annotated[bool, typer.Option("--force", help="Overwrite a non-empty --out.")] = False,
+) -> None:
+    """Build a random-weight Llama with a locally trained tokenizer; nothing is downloaded.
+
+    The defaults are the "small" shape measured on this kind of 2-core CPU (docs: cpu-vllm-measurements): 4 layers, hidden 512, 8/2 heads, 48M parameters, bf16. Its forward pass is mostly real compute (about 2.6 ms per decode step at batch 1, 26 ms for a 512-token prefill, 0.14 µs per context token read in decode), so prefill, batch size and context length all show in iteration time; smaller shapes are mostly framework overhead. bf16 runs faster than float32 on vLLM's CPU build (AVX-512 BF16) and halves the KV cache per token.
+    """
+    shape = ModelShape(layers, hidden, heads, kv_heads, intermediate, vocab, max_position, seed, dtype)
+    try:
+        shape.check()
+        check_out_dir(out, force)
+    except (ModelDirError, ValueError) as error:
+        _fail(str(error))
+    _need_vllm("model")
+    from marsched.bench.model import build_model
+
+    with errors.status(f"building {shape.parameters / 1e6:.1f}M-parameter model in {out}"):
+        info = build_model(out, shape, force=force)
+    console.print(f"model: {out} ({info['parameters'] / 1e6:.1f}M parameters, {info['layers']} layers, hidden "
+                  f"{info['hidden']}, {info['heads']}/{info['kv_heads']} heads, {info['dtype']}, "
+                  f"{info['kv_bytes_per_token']} bytes of KV cache per token)", highlight=False)
+
+
+# --- marsched bench --------------------------------------------------------------------------
+
+
+def _numbers(text: str, flag: str) -> list[float]:
+    try:
+        values = [float(v) for v in text.split(",") if v.strip()]
+    except ValueError:
+        _fail(f"{flag} {text!r}: give comma-separated numbers, e.g. 0.5,1,2")
+    if not values or not all(math.isfinite(v) and v > 0 for v in values):
+        _fail(f"{flag} {text!r}: give finite numbers > 0, e.g. 0.5,1,2")
+    return values
+
+
+def _table(records: list[dict]) -> Table:
+    table = Table(title="vLLM: end-to-end latency (s), time to first token (s), step time (ms)", header_style="bold")
+    columns = ("qps", "policy", "e2e mean", "e2e p50", "e2e p99", "ttft mean", "ttft p99", "× isolated",
+               "preempt", "strategies", "step p50", "step p99", "sched p50", "finished")
+    for column in columns:
+        table.add_column(column, justify="left" if column in ("policy", "strategies") else "right")
+    for r in sorted(records, key=lambda r: (r["qps"], r["policy"])):
+        it = r["iteration"]
+        finished = f"{r['num_finished']}/{r['num_requests']}" + (" partial" if r.get("partial") else "")
+        if not r["num_finished"]:
+            table.add_row(f"{r['qps']:g}", r["policy"], *["-"] * 8, f"{it['p50_s'] * 1e3:.1f}",
+                          f"{it['p99_s'] * 1e3:.1f}", f"{it['schedule_p50_s'] * 1e3:.2f}", finished)
+            continue
+        strategies = " ".join(f"{k[0].upper()}{v}" for k, v in r["strategy_counts"].items())
+        table.add_row(
+            f"{r['qps']:g}", r["policy"], f"{r['e2e_mean_s']:.2f}", f"{r['e2e_p50_s']:.2f}", f"{r['e2e_p99_s']:.2f}",
+            f"{r['ttft_mean_s']:.3f}", f"{r['ttft_p99_s']:.3f}", f"{r['e2e_mean_s'] / r['isolated_e2e_mean_s']:.2f}",
+            str(r["preemptions"]), strategies, f"{it['p50_s'] * 1e3:.1f}", f"{it['p99_s'] * 1e3:.1f}",
+            f"{it['schedule_p50_s'] * 1e3:.2f}", finished)
+    return table
+
+
+def bench(
+    model_dir: Annotated[Path, typer.Option("--model", help="Model directory (`marsched model --out DIR`).")],
+    trace: Annotated[str, typer.Option(
+        help=f"Trace file (.json INFERCEPT/MARS, .jsonl ours) or a bundled trace: {', '.join(TRACE_NAMES)}.")] = "single",
+    policies: Annotated[str, typer.Option(help="Comma-separated policy names.")] = "vllm,infercept,mars",
+    qps: Annotated[str, typer.Option(help="Comma-separated arrival rates (requests per second).")] = "1",
+    duration: Annotated[float, typer.Option(help="Seconds of Poisson arrivals; each run then drains.")] = 60.0,
+    seed: Annotated[int, typer.Option(help="Seed of the arrivals (and of noisy predictions).")] = 0,
+    json_path: Annotated[Path | None, typer.Option("--json", help="Write the metrics records (a JSON list) here.")] = None,
+    plot: Annotated[Path | None, typer.Option(help="Write a PNG of mean and p99 latency against QPS.")] = None,
+    api_time_scale: Annotated[float, typer.Option(
+        help="Multiply every API call's duration by this (calls are timed sleeps).")] = 1.0,
+    token_scale: Annotated[float, typer.Option(
+        help="Multiply every token count (prompt, outputs, API returns) by this, rounded, at least 1 per "
+             "prompt and segment; a request still longer than the engine's max model length is shrunk "
+             "further, as a whole, until it fits.")] = 1.0,
+    kv_cache_gb: Annotated[float | None, typer.Option(
+        help="KV cache size in GiB (may be fractional: it sets vLLM's block count); default: "
+             "VLLM_CPU_KVCACHE_SPACE if set, else 1 GiB.")] = None,
+    max_requests: Annotated[int | None, typer.Option(help="Keep only the first N arrivals of each stream.")] = None,
+    max_model_len: Annotated[int | None, typer.Option(
+        help="Cap vLLM's max model length (default: the model's, and what the KV cache holds).")] = None,
+    predictor: Annotated[str, typer.Option(help="Output-length predictor: oracle or noisy:SIGMA.")] = "oracle",
+    api_estimator: Annotated[str, typer.Option(help="API-duration estimate: type-mean or oracle.")] = "type-mean",
+    dtype: Annotated[str, typer.Option(help="auto (the model's), bfloat16 or float32.")] = "auto",
+    strict: Annotated[bool, typer.Option("--strict", help="Reject trace values otherwise read leniently.")] = False,
+) -> None:
+    """Replay a trace on real vLLM (MarsScheduler, host swap), one engine per policy and load.
+
+    Poisson arrivals, prompt ids generated from each request's id, each segment's length forced, API calls as timed sleeps. Writes the same records as `compare` with engine "vllm", plus the measured step times, the model and the KV capacity. Ctrl-C stops the run, writes what was measured (marked "partial") and shuts the engine down.
+    """
+    from marsched.bench.real import BenchSpec, plan_engine, read_model, run_bench
+
+    rates = _numbers(qps, "--qps")
+    names = tuple(p.strip() for p in policies.split(",") if p.strip())
+    spec = BenchSpec(str(model_dir), trace, names, tuple(rates), duration, seed, api_time_scale, token_scale,
+                     kv_cache_gb, max_requests, max_model_len, predictor, api_estimator, strict, dtype)
+    try:
+        spec.check()
+        plan_engine(spec, read_model(model_dir))  # a KV cache too small for one block fails here
+    except ValueError as error:
+        _fail(str(error))
+    from marsched.workload.loader import load_trace
+
+    try:
+        load_trace(trace, strict=strict)
+    except ValueError as error:
+        message = str(error)
+        _fail(f"--trace {message}" if message.startswith(f"{trace}:") else f"--trace {trace}: {message}")
+    for flag, path in (("--json", json_path), ("--plot", plot)):
+        if path is not None and not path.parent.is_dir():
+            _fail(f"{flag} {path}: directory {path.parent} does not exist")
+    _need_vllm("bench")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's INFO and WARNING lines would bury the progress bar
+
+    records: list[dict] = []
+
+    def save(record: dict) -> None:
+        records.append(record)
+        if json_path:
+            write_json(records, json_path)
+
+    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
+                        console=errors, transient=True, disable=not sys.stderr.isatty())
+    with progress:
+        task = progress.add_task("starting", total=None)
+        try:
+            result = run_bench(spec, on_record=save,
+                               on_progress=lambda what, done, total: progress.update(task, description=what,
+                                                                                      completed=done, total=total))
+        except Exception as error:  # noqa: BLE001 - vLLM failing to start or dying: one line, not a traceback
+            progress.stop()
+            kept = f"; the {len(records)} finished run(s) are in {json_path}" if json_path and records else ""
+            _fail(f"vLLM failed ({type(error).__name__}: {error}); its log is above{kept}")
+    records = result.records
+    if json_path:
+        write_json(records, json_path)
+    if not records:
+        if result.partial and not result.error:
+            errors.print("interrupted before any run started; nothing measured", highlight=False)
+            raise typer.Exit(130)
+        _fail(result.error or "nothing measured")
+    console.print(_table(records))
+    first = records[0]
+    kv = first["kv_cache"]
+    console.print(f"model {first['model']['path']} ({first['model']['dtype']}); KV cache {kv['blocks']} blocks × "
+                  f"{kv['block_tokens']} = {kv['tokens']} tokens; max model length {kv['max_model_len']}; "
+                  f"API time × {first['api_time_scale']:g}; tokens × {first['token_scale']:g}", highlight=False)
+    if json_path:
+        console.print(f"metrics: {json_path}" + (" (partial: interrupted)" if result.partial else ""))
+    if plot:
+        complete = [r for r in records if r["num_finished"]]
+        if complete:
+            plot_latency(complete, plot)
+            console.print(f"plot: {plot}")
+    if result.error:
+        _fail(result.error)
+    if result.partial:
+        raise typer.Exit(130)
