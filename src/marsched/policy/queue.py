@@ -10,8 +10,9 @@ starvation clock (iterations or engine seconds; `RequestProgress.waited_iteratio
 `waited_s` carry the count while it is out of the queue). Requests whose waiting does
 not count (the `requeued` rule: fresh arrivals) have no counter. A heap ordered by the
 moment each count started finds every request that reached the threshold in O(log n)
-per promotion. A promoted request goes ahead of key order, in promotion order, until it
-is scheduled.
+per promotion. A promoted request goes ahead of key order until it is scheduled: in
+promotion order, or, when promotion is for life (the `age` rule), by arrival and at
+every later stay in the queue too.
 """
 
 from __future__ import annotations
@@ -47,7 +48,7 @@ class WaitingQueue:
     _entries: dict[str, _Entry] = field(default_factory=dict)
     _heap: list[tuple[float, int, _Entry]] = field(default_factory=list)
     _promoted: list[tuple[float, int, _Entry]] = field(default_factory=list)  # heap: promotion order, or arrival
-    _by_start: list[tuple[int, int, _Entry]] = field(default_factory=list)  # heap of (counter start, seq, entry)
+    _by_start: list[tuple[float, int, _Entry]] = field(default_factory=list)  # heap of (counter start, seq, entry)
     _sequence: int = 0
     _last_refresh: int = -1
     _refreshed_at_s: float | None = None  # the iteration time the keys were last computed with
