@@ -547,6 +547,7 @@ async def _run_point(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy
     started_run = time.monotonic()
     t0 = math.nan
     capacity: dict[str, Any] = {}
+    timings: dict[str, float] = {}
     try:
         if on_progress:
             on_progress(f"{label}: starting vLLM", 0, len(requests))
@@ -554,7 +555,9 @@ async def _run_point(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy
             if _cancelling():
                 raise asyncio.CancelledError
             _LIVE.append(engine)
+            begin = time.monotonic()
             await engine.start()  # blocks; a Ctrl-C here kills the engine's processes, then start() raises
+            timings["engine_start_s"] = time.monotonic() - begin
             vllm_config = engine.llm.vllm_config
             vocab = engine.llm.model_config.get_vocab_size()
             blocks = int(vllm_config.cache_config.num_gpu_blocks or 0) - 1  # vLLM's null block is never free
@@ -570,6 +573,7 @@ async def _run_point(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy
                                   _steps_of(build_request("warmup", 1, [(8, None)]), vocab), ignore_eos=True,
                                   detokenize=False)
             t0 = time.monotonic() + 0.05
+            timings["warmup_s"] = t0 - begin - timings["engine_start_s"]
             outcomes = [Outcome(r, t0 + r.arrival_s) for r in requests]
             tasks = [asyncio.ensure_future(_one(engine, o, vocab)) for o in outcomes]
             done = 0
@@ -592,7 +596,9 @@ async def _run_point(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy
         if tasks and (interrupted or died):
             await _settle(tasks)
     finally:
+        begin = time.monotonic()
         _shutdown(engine)
+        timings["engine_shutdown_s"] = time.monotonic() - begin
         for key, value in saved_env.items():
             if value is None:
                 os.environ.pop(key, None)
@@ -614,6 +620,7 @@ async def _run_point(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy
     records = request_records(outcomes, events, t0, cost)
     record = _record(spec, model, plan, policy, qps, requests, outcomes, records, iteration, capacity,
                      wallclock, interrupted or died)
+    record.update(timings)
     if died:
         record["error"] = f"vLLM's engine died during {label}; see its log above"
     return record, interrupted or died
