@@ -239,11 +239,12 @@ def fit_iteration(steps: list[dict[str, Any]]) -> dict[str, float]:
 
 
 def iteration_stats(steps: list[dict[str, Any]]) -> dict[str, Any]:
-    """Count, mean, p50, p99 of the engine's step time and of the scheduler's share of it."""
+    """Count, mean, p50, p99 of the engine's step time and of the scheduler's share of it
+    (`schedule_*`: inside `schedule()`, `update_*`: inside `update_from_output()`)."""
     busy = [s for s in steps if s["tokens"] > 0]
     stats: dict[str, Any] = {"count": len(busy), "idle_steps": len(steps) - len(busy)}
-    for key, name in (("step_s", ""), ("sched_s", "schedule_")):
-        values = np.array([s[key] for s in busy], dtype=float)
+    for key, name in (("step_s", ""), ("sched_s", "schedule_"), ("update_s", "update_")):
+        values = np.array([s.get(key, math.nan) for s in busy], dtype=float)
         for label, value in (("mean", values.mean() if values.size else math.nan),
                              ("p50", np.percentile(values, 50) if values.size else math.nan),
                              ("p99", np.percentile(values, 99) if values.size else math.nan)):

@@ -10,6 +10,7 @@ One JSON line per step (CPU execution is synchronous: schedule, forward, update)
 
 - `t`: `time.monotonic()` at the start of `schedule()` (the clock of the event trace);
 - `sched_s`: time inside `schedule()` (the scheduler's own cost, policy included);
+- `update_s`: time inside `update_from_output()` (the scheduler's bookkeeping of the outputs);
 - `step_s`: start of `schedule()` to the end of `update_from_output()` (scheduling, the
   forward pass and sampling, output processing: vLLM's iteration time);
 - `tokens`: tokens scheduled (new prefill tokens plus one per decoding sequence);
@@ -57,6 +58,7 @@ class StepTimerMixin:
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        begin = time.monotonic()
         result = super().update_from_output(scheduler_output, model_runner_output)
         if self._step_file is not None and self._step_open is not None:
             start, sched_s = self._step_open
@@ -69,7 +71,8 @@ class StepTimerMixin:
                 if request is not None:
                     ctx += request.num_computed_tokens
             self._step_lines.append(json.dumps({
-                "t": round(start, 6), "sched_s": round(sched_s, 7), "step_s": round(end - start, 7),
+                "t": round(start, 6), "sched_s": round(sched_s, 7), "update_s": round(end - begin, 7),
+                "step_s": round(end - start, 7),
                 "tokens": scheduler_output.total_num_scheduled_tokens, "seqs": len(counts),
                 "prefill_seqs": sum(1 for n in counts.values() if n > 1), "ctx": ctx,
             }, separators=(",", ":")))
