@@ -49,6 +49,12 @@ def test_a_profile_file_by_path_and_its_defaults(tmp_path):
     (lambda d: d.pop("model"), "a profile is an object with a 'model' object"),
     (lambda d: d.update(model=[1]), "a profile is an object with a 'model' object"),
     (lambda d: d["model"].pop("layers"), "model: field 'layers' must be a number, got None"),
+    (lambda d: d["model"].pop("kv_hidden_size"), "model: field 'kv_hidden_size' must be a number"),
+    (lambda d: d["model"].pop("parameters"), "model: field 'parameters' must be a number"),
+    (lambda d: d.pop("gpu_memory_utilization"), "field 'gpu_memory_utilization' must be a number"),
+    (lambda d: d.pop("iteration_ms_per_token"), "field 'iteration_ms_per_token' must be a number"),
+    (lambda d: d.pop("iteration_ms_fixed"), "field 'iteration_ms_fixed' must be a number"),
+    (lambda d: d.pop("block_tokens"), "field 'block_tokens' must be a number"),
     (lambda d: d["model"].update(dtype_bytes=True), "field 'dtype_bytes' must be a number, got True"),
     (lambda d: d.update(gpus="1"), "field 'gpus' must be a number, got '1'"),
     (lambda d: d.update(gpu_memory_gb=float("inf")), "field 'gpu_memory_gb' must be a number"),
@@ -56,6 +62,7 @@ def test_a_profile_file_by_path_and_its_defaults(tmp_path):
     (lambda d: d.update(link_gb_per_s=-1), "field 'link_gb_per_s' must be > 0, got -1"),
     (lambda d: d.update(host_swap_gb=None), "field 'host_swap_gb' must be a number"),
     (lambda d: d["model"].update(parameters=2e10), "weights do not leave room for a KV cache"),
+    (lambda d: d["model"].update(parameters=18e9), "weights do not leave room for a KV cache"),  # exactly none
 ])
 def test_bad_profile_fields_are_named(change, message):
     data = _gptj()
@@ -85,3 +92,11 @@ def test_profile_file_with_bad_json_names_the_file(tmp_path):
 def test_a_missing_json_path_is_an_unknown_profile(tmp_path):
     with pytest.raises(ValueError, match="unknown profile"):
         load_profile(str(tmp_path / "absent.json"))
+
+
+def test_partial_blocks_are_not_counted():
+    data = _gptj()
+    data["host_swap_gb"] = 0.02936  # 29,360,000 bytes: just under one 64-token block of 29,360,128
+    assert profile_from_dict(data, "my.json").host_blocks == 0
+    data["gpu_memory_gb"] = (6.05e9 * 2 + 29_360_000) / 0.9 / 1e9  # room for just under one block
+    assert profile_from_dict(data, "my.json").device_blocks == 0

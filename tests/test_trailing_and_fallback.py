@@ -193,3 +193,35 @@ def test_check_invariants_catches_accounting_errors():
     corrupt_at_step(1, host_drift, "host 1 vs 0")
     corrupt_at_step(1, overfull_blocks, "r: .* computed tokens in .* blocks")
     corrupt_at_step(1, over_capacity, "outside its capacity")
+
+
+@pytest.mark.parametrize("method, blocks, message", [
+    ("allocate", -1, "device pool: cannot allocate -1 blocks with 4 free"),
+    ("allocate", 5, "device pool: cannot allocate 5 blocks with 4 free"),
+    ("release", -1, "device pool: cannot release -1 blocks with 0 in use"),
+    ("release", 1, "device pool: cannot release 1 blocks with 0 in use"),
+])
+def test_block_pool_refuses_impossible_moves(method, blocks, message):
+    from marsched.sim.memory import BlockPool
+
+    pool = BlockPool("device", 4)
+    with pytest.raises(RuntimeError) as error:
+        getattr(pool, method)(blocks)
+    assert str(error.value) == message
+    pool.allocate(0)
+    pool.allocate(4)
+    pool.release(4)
+    assert pool.used == 0
+
+
+def test_ranking_time_per_iteration_follows_the_engine():
+    # τ starts at one decode iteration, t(1), and moves 1% of the way to each iteration's time.
+    sim = Simulator([single("r", 0.0, 100, 3)], small_profile(), make_policy("mars", COST))
+    assert sim.load().iteration_s == pytest.approx(t(1))
+    taus = []
+    sim.on_step = lambda s: taus.append(s.load().iteration_s)
+    sim.run()
+    after_prefill = t(1) + (t(100) - t(1)) * 0.01
+    assert taus[0] == pytest.approx(after_prefill)
+    # The two decode iterations run together: 1 − 0.99² of the way to t(1).
+    assert taus[1] == pytest.approx(after_prefill + (t(1) - after_prefill) * (1 - 0.99**2))
