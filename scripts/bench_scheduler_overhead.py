@@ -45,7 +45,7 @@ TINY = dict(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=5
 
 
 def measure(model: str, scheduler: str, waiting: int, blocks: int, prompt: int, max_tokens: int, max_seqs: int,
-            warmup: int, steps: int) -> dict:
+            warmup: int, steps: int, refresh_interval: int = 1) -> dict:
     """One engine, `waiting` requests, the scheduler's per-step times (runs in a child process)."""
     os.environ["VLLM_ENABLE_V1_MULTIPROCESSING"] = "0"
     os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
@@ -68,7 +68,7 @@ def measure(model: str, scheduler: str, waiting: int, blocks: int, prompt: int, 
         kwargs["scheduler_cls"] = STOCK
     else:
         kwargs["scheduler_cls"] = MARS
-        kwargs["additional_config"] = MarsConfig(policy=scheduler).additional_config()
+        kwargs["additional_config"] = MarsConfig(policy=scheduler, refresh_interval=refresh_interval).additional_config()
     llm = LLM(model=model, dtype="float32", enforce_eager=True, block_size=block_tokens, max_model_len=max_len,
               num_gpu_blocks_override=blocks, max_num_seqs=max_seqs, enable_prefix_caching=False, seed=0, **kwargs)
     engine = llm.llm_engine
@@ -114,6 +114,8 @@ def main() -> None:
                         help="running requests at most (vLLM's max_num_seqs): the same batch for every scheduler")
     parser.add_argument("--prompt", type=int, default=48, help="prompt tokens per request")
     parser.add_argument("--max-tokens", type=int, default=200, help="tokens each request generates")
+    parser.add_argument("--refresh-interval", type=int, default=1,
+                        help="marsched's refresh_interval: recompute waiting requests' keys every k steps")
     parser.add_argument("--warmup", type=int, default=10)
     parser.add_argument("--steps", type=int, default=100)
     parser.add_argument("--repeats", type=int, default=1)
@@ -124,7 +126,7 @@ def main() -> None:
     if args.one:
         scheduler, waiting = args.one.split(":")
         result = measure(args.model, scheduler, int(waiting), args.blocks, args.prompt, args.max_tokens,
-                         args.max_num_seqs, args.warmup, args.steps)
+                         args.max_num_seqs, args.warmup, args.steps, args.refresh_interval)
         print("RESULT " + json.dumps(result), flush=True)
         return
 
@@ -143,7 +145,7 @@ def main() -> None:
                 command = [sys.executable, __file__, "--one", f"{scheduler}:{waiting}", "--model", model,
                            "--blocks", str(args.blocks), "--prompt", str(args.prompt),
                            "--max-tokens", str(args.max_tokens), "--max-num-seqs", str(args.max_num_seqs),
-                           "--warmup", str(args.warmup),
+                           "--warmup", str(args.warmup), "--refresh-interval", str(args.refresh_interval),
                            "--steps", str(args.steps)]
                 done = subprocess.run(command, capture_output=True, text=True)
                 lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
@@ -156,7 +158,7 @@ def main() -> None:
                       f"({result['running']} running, {result['waiting_after']} waiting)", flush=True)
 
     print(f"\nmedian per step over {args.steps} steps (ms); {args.repeats} repeat(s); tiny model, "
-          f"{args.max_num_seqs} running, {args.blocks} blocks of 32 tokens")
+          f"{args.max_num_seqs} running, {args.blocks} blocks of 32 tokens; refresh_interval {args.refresh_interval}")
     print(f"{'waiting':>8} {'scheduler':>10} {'schedule()':>11} {'+ vs stock':>10} {'update':>8} {'+ vs stock':>10} "
           f"{'step':>8}")
     for waiting in sizes:
