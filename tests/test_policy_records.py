@@ -142,7 +142,8 @@ def test_unknown_policy_message_lists_every_name():
 def test_threshold_with_prevention_off_is_refused_in_so_many_words():
     with pytest.raises(ValueError) as error:
         make_policy("mars", COST, starvation="off", starvation_threshold=5)
-    assert str(error.value) == "a starvation threshold needs a starvation variant other than 'off'"
+    assert str(error.value) == ("starvation threshold 5 given with starvation 'off': "
+                                "drop the threshold or choose a variant (age, published, iterations)")
 
 
 def test_default_refresh_interval_is_every_iteration():

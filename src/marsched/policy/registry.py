@@ -77,7 +77,8 @@ def make_policy(
     config = STARVATION_VARIANTS[starvation]
     if starvation_threshold is not _DEFAULT:
         if starvation_threshold is not None and config.threshold is None:
-            raise ValueError("a starvation threshold needs a starvation variant other than 'off'")
+            raise ValueError(f"starvation threshold {starvation_threshold:g} given with starvation 'off': "
+                             "drop the threshold or choose a variant (age, published, iterations)")
         config = replace(config, threshold=starvation_threshold)
     if starvation_quantum is not _DEFAULT:
         config = replace(config, quantum=starvation_quantum)
