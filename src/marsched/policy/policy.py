@@ -53,8 +53,9 @@ class Protection(str, Enum):
 class StarvationConfig:
     """Promote a request that waited `threshold` (in `clock` units); protect it once admitted.
 
-    A promoted request goes ahead of the ranking, in promotion order, and is protected from
-    preemption (`protection`). Its counter survives preemption and resets at promotion.
+    A promoted request goes ahead of the ranking (in promotion order, or by arrival when the
+    promotion is `for_life`) and is protected from preemption (`protection`). Its counter
+    survives preemption and calls; it resets at promotion unless the promotion is for life.
     `threshold=None` turns prevention off. The defaults are the MARS code's benchmark
     script's: 100 iterations, and a quantum of 100,000 iterations (in effect, until the
     request finishes). The named variants are in `registry.py`.

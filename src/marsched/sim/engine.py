@@ -4,7 +4,8 @@ Each iteration: arrivals and call returns that are due are taken in, the policy 
 revisit preserved calls, starving requests are promoted, the queue's keys are
 refreshed; then the batch is built under the token budget (running requests first,
 preempting the lowest-ranked unprotected one when blocks run out; then queued
-requests in the policy's order until one does not fit), and it runs for
+requests in the policy's order until one does not fit or the policy's admission rule
+refuses it), and it runs for
 `c + a·tokens` seconds while the host link moves swaps beside it.
 
 When the next iteration is bound to be the same as this one (every running request
