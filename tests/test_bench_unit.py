@@ -129,7 +129,8 @@ def test_max_model_len_is_what_one_request_may_use():
 
 
 def steps(*rows):
-    return [{"t": i, "sched_s": 1e-4, "step_s": s, "tokens": n, "seqs": q, "prefill_seqs": p, "ctx": 100}
+    return [{"t": i, "sched_s": 1e-4, "update_s": 5e-5, "step_s": s, "tokens": n, "seqs": q, "prefill_seqs": p,
+             "ctx": 100}
             for i, (s, n, q, p) in enumerate(rows)]
 
 
@@ -141,7 +142,7 @@ def test_iteration_fit_and_statistics():
     stats = iteration_stats(rows)
     assert stats["count"] == 6 and stats["idle_steps"] == 1
     assert stats["p50_s"] == pytest.approx(0.01004 + 0.00048) and stats["decode_only_steps"] == 3
-    assert stats["schedule_p50_s"] == pytest.approx(1e-4)
+    assert stats["schedule_p50_s"] == pytest.approx(1e-4) and stats["update_mean_s"] == pytest.approx(5e-5)
     assert stats["p99_s"] <= max(r["step_s"] for r in rows)
     flat = fit_iteration(steps((0.02, 1, 1, 0), (0.03, 1, 1, 0)))  # one token count: no slope to fit
     assert flat["a_s_per_token"] == 0.0 and flat["c_s"] == pytest.approx(0.025)
