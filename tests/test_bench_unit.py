@@ -93,6 +93,7 @@ def test_bad_token_scale(scale):
         scale_request(req(), scale, 1000)
 
 
+@pytest.mark.filterwarnings("ignore::marsched.workload.errors.TraceWarning")  # the multi-API trace's known negatives
 def test_every_bundled_trace_fits_the_small_models_length():
     for name in ("single", "multi", "agent"):
         requests = bench_requests(load_trace(name), 2.0, 30.0, 0, 1.0, 4096, 0.1, max_requests=40)
