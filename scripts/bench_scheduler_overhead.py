@@ -32,6 +32,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import shutil
 import statistics
 import subprocess
 import sys
@@ -86,6 +87,7 @@ def measure(model: str, scheduler: str, waiting: int, blocks: int, prompt: int, 
         engine.step()
     core_scheduler._flush_steps(time.monotonic())
     rows = [r for r in read_jsonl(log) if r["t"] >= start]
+    shutil.rmtree(log.parent, ignore_errors=True)
     sched = [r["sched_s"] for r in rows]
     update = [r["update_s"] for r in rows]
     return {
@@ -131,11 +133,22 @@ def main() -> None:
         return
 
     model = args.model
+    built = None
     if model is None:
         from marsched.bench.model import ModelShape, build_model
 
-        model = str(Path(tempfile.mkdtemp(prefix="overhead-model-")) / "tiny")
+        built = Path(tempfile.mkdtemp(prefix="overhead-model-"))
+        model = str(built / "tiny")
         build_model(model, ModelShape(**TINY, dtype="float32"))
+    try:
+        runs = _run_all(args, model)
+    finally:
+        if built is not None:
+            shutil.rmtree(built, ignore_errors=True)
+    _report(args, runs)
+
+
+def _run_all(args: argparse.Namespace, model: str) -> list[dict]:
     sizes = [int(s) for s in args.sizes.split(",")]
     schedulers = ["stock", *[p.strip() for p in args.policies.split(",") if p.strip()]]
     runs = []
@@ -156,7 +169,12 @@ def main() -> None:
                 print(f"  {scheduler:>9} {waiting:>6} waiting: schedule() median {result['schedule_median_ms']:.3f} ms, "
                       f"update {result['update_median_ms']:.3f} ms, step {result['step_median_ms']:.2f} ms "
                       f"({result['running']} running, {result['waiting_after']} waiting)", flush=True)
+    return runs
 
+
+def _report(args: argparse.Namespace, runs: list[dict]) -> None:
+    sizes = [int(s) for s in args.sizes.split(",")]
+    schedulers = ["stock", *[p.strip() for p in args.policies.split(",") if p.strip()]]
     print(f"\nmedian per step over {args.steps} steps (ms); {args.repeats} repeat(s); tiny model, "
           f"{args.max_num_seqs} running, {args.blocks} blocks of 32 tokens; refresh_interval {args.refresh_interval}")
     print(f"{'waiting':>8} {'scheduler':>10} {'schedule()':>11} {'+ vs stock':>10} {'update':>8} {'+ vs stock':>10} "
