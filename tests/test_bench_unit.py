@@ -244,3 +244,16 @@ def test_bench_without_a_model(tmp_path):
 def test_bench_output_directory_must_exist(model_dir, tmp_path):
     code, output = run("bench", "--model", model_dir, "--json", str(tmp_path / "no" / "out.json"))
     assert code == 2 and "--json" in output and "does not exist" in output
+
+
+def test_bench_table_keeps_the_policies_in_the_order_given():
+    from marsched.bench.commands import _table
+
+    def record(policy, qps):
+        iteration = {"p50_s": 0.01, "p99_s": 0.02, "schedule_p50_s": 0.0001}
+        return {"policy": policy, "qps": qps, "num_finished": 0, "num_requests": 1, "iteration": iteration}
+
+    table = _table([record("vllm", 2.0), record("mars", 1.0), record("vllm", 1.0), record("infercept", 1.0),
+                    record("mars", 2.0)])
+    rows = list(zip(table.columns[0]._cells, table.columns[1]._cells))
+    assert rows == [("1", "mars"), ("1", "vllm"), ("1", "infercept"), ("2", "vllm"), ("2", "mars")]
