@@ -9,7 +9,7 @@ import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any, NoReturn
+from typing import Annotated, Any
 
 import typer
 from rich import box
@@ -23,6 +23,7 @@ from marsched import __version__
 from marsched.atomic import OutputPathError, check_output_path
 from marsched.bench.report import plot_latency, write_json
 from marsched.bench.runner import RunSpec, grid, run_grid, run_one
+from marsched.cli_checks import fail, positive_numbers
 from marsched.policy import Admission
 from marsched.policy.registry import POLICY_NAMES, STARVATION_NAMES, parse_threshold
 from marsched.predict import parse_api_estimator, parse_length_predictor
@@ -85,9 +86,7 @@ RefreshOpt = Annotated[int, typer.Option(help="Recompute ranking keys every k it
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the metrics records (a JSON list) here.")]
 
 
-def _fail(message: str) -> NoReturn:
-    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True, emoji=False)
-    raise typer.Exit(2)
+_fail = fail
 
 
 def _version(value: bool) -> None:
@@ -117,16 +116,6 @@ def _positive(flag: str, value: float) -> float:
     if not (math.isfinite(value) and value > 0):
         _fail(f"{flag} {value:g}: give a finite number > 0")
     return value
-
-
-def _numbers(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        _fail(f"{flag} {text!r}: give comma-separated numbers, e.g. 3,4,5,6")
-    if not values or not all(math.isfinite(v) and v > 0 for v in values):
-        _fail(f"{flag} {text!r}: give finite numbers > 0, e.g. 3,4,5,6")
-    return values
 
 
 def _threshold(text: str) -> float | None | str:
@@ -349,7 +338,7 @@ def compare(
         _fail(f"--policies {policies!r}: name at least one of {', '.join(POLICY_NAMES)}")
     for name in names:
         _policy_name("--policies", name)
-    rates = _numbers(qps, "--qps")
+    rates = positive_numbers(qps, "--qps", "3,4,5,6")
     if workers < 0:
         _fail(f"--workers {workers}: give 0 (one per core) or a number of processes >= 1")
     threshold = _check_options(profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,

@@ -7,20 +7,19 @@ imports torch, transformers or vLLM until it runs.
 from __future__ import annotations
 
 import importlib.util
-import math
 import os
 import sys
 from pathlib import Path
-from typing import Annotated, NoReturn
+from typing import Annotated
 
 import typer
 from rich.console import Console
-from rich.markup import escape
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
 from marsched.bench.model import DTYPES, ModelDirError, ModelShape, check_out_dir
 from marsched.bench.report import plot_latency, write_json
+from marsched.cli_checks import fail, positive_numbers
 from marsched.workload.loader import TRACE_NAMES
 
 console = Console(width=None if sys.stdout.isatty() else 150)
@@ -28,9 +27,7 @@ errors = Console(stderr=True)
 _SMALL = ModelShape()
 
 
-def _fail(message: str) -> NoReturn:
-    errors.print(f"[bold red]error:[/] {escape(message)}", highlight=False, soft_wrap=True, emoji=False)
-    raise typer.Exit(2)
+_fail = fail
 
 
 def _need_vllm(command: str) -> None:
@@ -76,16 +73,6 @@ def model(
 
 
 # --- marsched bench --------------------------------------------------------------------------
-
-
-def _numbers(text: str, flag: str) -> list[float]:
-    try:
-        values = [float(v) for v in text.split(",") if v.strip()]
-    except ValueError:
-        _fail(f"{flag} {text!r}: give comma-separated numbers, e.g. 0.5,1,2")
-    if not values or not all(math.isfinite(v) and v > 0 for v in values):
-        _fail(f"{flag} {text!r}: give finite numbers > 0, e.g. 0.5,1,2")
-    return values
 
 
 def _table(records: list[dict]) -> Table:
@@ -143,7 +130,7 @@ def bench(
     """
     from marsched.bench.real import BenchSpec, plan_engine, read_model, run_bench
 
-    rates = _numbers(qps, "--qps")
+    rates = positive_numbers(qps, "--qps", "0.5,1,2")
     names = tuple(p.strip() for p in policies.split(",") if p.strip())
     spec = BenchSpec(str(model_dir), trace, names, tuple(rates), duration, seed, api_time_scale, token_scale,
                      kv_cache_gb, max_requests, max_model_len, predictor, api_estimator, strict, dtype)
