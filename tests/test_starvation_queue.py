@@ -140,3 +140,20 @@ def test_defaults_per_policy():
     assert (infercept.starvation.threshold, infercept.admission.value) == (None, "greedy")
     # A threshold for a policy without prevention turns on the iteration counter.
     assert make_policy("sjf", COST, starvation_threshold=50).starvation.threshold == 50
+
+
+def test_records_name_the_starvation_variant_whatever_its_threshold():
+    from dataclasses import replace
+
+    from marsched.bench.runner import policy_fields
+    from marsched.policy.registry import STARVATION_VARIANTS, starvation_variant
+
+    for name, config in STARVATION_VARIANTS.items():
+        assert starvation_variant(config) == name
+        if config.threshold is not None:
+            assert starvation_variant(replace(config, threshold=config.threshold * 3)) == name
+    assert starvation_variant(replace(STARVATION_VARIANTS["age"], for_life=False)) == "custom"
+    fields = policy_fields(make_policy("mars", COST, starvation="published", starvation_threshold=7, refresh_interval=3))
+    assert fields == {"predictor": "oracle+api:oracle", "starvation": "published", "starvation_threshold": 7,
+                      "admission": "predicted-peak", "refresh_interval": 3}
+    assert policy_fields(make_policy("infercept", COST))["starvation"] == "off"

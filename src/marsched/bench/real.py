@@ -630,7 +630,7 @@ async def _run_point(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy
 def _record(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy: str, qps: float, requests: list[Request],
             outcomes: list[Outcome], records: list[RequestRecord], iteration: dict, capacity: dict,
             wallclock: float, interrupted: bool) -> dict[str, Any]:
-    from marsched.bench.runner import _variant_name
+    from marsched.bench.runner import policy_fields
     from marsched.vllm.config import MarsConfig
 
     rules = MarsConfig(policy=policy, predictor=spec.predictor, api_estimator=spec.api_estimator,
@@ -643,11 +643,7 @@ def _record(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy: str, qp
         "qps": qps,
         "duration_s": spec.duration_s,
         "seed": spec.seed,
-        "predictor": rules.predictor.name,
-        "starvation": _variant_name(rules),
-        "starvation_threshold": rules.starvation.threshold,
-        "admission": rules.admission.value,
-        "refresh_interval": rules.refresh_interval,
+        **policy_fields(rules),
         "num_requests": len(requests),
         "partial": interrupted,
     }

@@ -9,7 +9,8 @@ from dataclasses import dataclass, replace
 
 from marsched.metrics.records import summarize
 from marsched.metrics.trace import EventTrace, TraceFile
-from marsched.policy.registry import STARVATION_VARIANTS, make_policy
+from marsched.policy.policy import Policy
+from marsched.policy.registry import make_policy, starvation_variant
 from marsched.predict.api_duration import parse_api_estimator
 from marsched.predict.length import parse_length_predictor
 from marsched.predict.segment import SegmentPredictor
@@ -75,11 +76,7 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
         "qps": spec.qps,
         "duration_s": spec.duration_s,
         "seed": spec.seed,
-        "predictor": policy.predictor.name,
-        "starvation": _variant_name(policy),
-        "starvation_threshold": policy.starvation.threshold,
-        "admission": policy.admission.value,
-        "refresh_interval": policy.refresh_interval,
+        **policy_fields(policy),
         "num_requests": len(requests),
     }
     record.update(summarize(result.records))
@@ -88,14 +85,15 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
     return record
 
 
-def _variant_name(policy) -> str:
-    """The named starvation variant the policy's rule comes from (threshold aside)."""
-    for name, config in STARVATION_VARIANTS.items():
-        if replace(config, threshold=policy.starvation.threshold) == policy.starvation and (
-            (config.threshold is None) == (policy.starvation.threshold is None)
-        ):
-            return name
-    return "custom"
+def policy_fields(policy: Policy) -> dict:
+    """The keys of a metrics record that say how the policy was set up (simulated or real engine)."""
+    return {
+        "predictor": policy.predictor.name,
+        "starvation": starvation_variant(policy.starvation),
+        "starvation_threshold": policy.starvation.threshold,
+        "admission": policy.admission.value,
+        "refresh_interval": policy.refresh_interval,
+    }
 
 
 _worker_templates: dict[str, list[Request]] = {}

@@ -41,6 +41,16 @@ STARVATION_VARIANTS: dict[str, StarvationConfig] = {
     "off": StarvationConfig(None),
 }
 DEFAULT_STARVATION = "age"
+
+
+def starvation_variant(config: StarvationConfig) -> str:
+    """The named variant a starvation rule comes from (its threshold aside), or "custom"."""
+    for name, variant in STARVATION_VARIANTS.items():
+        if replace(variant, threshold=config.threshold) == config and (variant.threshold is None) == (
+            config.threshold is None
+        ):
+            return name
+    return "custom"
 STARVATION_NAMES: tuple[str, ...] = tuple(STARVATION_VARIANTS)
 
 _DEFAULT = object()
