@@ -154,8 +154,8 @@ def test_queue_keys_are_recomputed_when_the_iteration_time_moves():
     # τ ten times larger: the decode triangle dominates and the order turns over.
     assert queue.refresh(load(0.01), iteration=3)
     assert [p.request_id for p in queue.ordered()] == ["Y", "X"]
-    assert queue.pop(iteration=3).request_id == "Y"
-    assert queue.pop(iteration=3).request_id == "X"
+    assert queue.pop(iteration=3, now_s=0.0).request_id == "Y"
+    assert queue.pop(iteration=3, now_s=0.0).request_id == "X"
 
 
 def test_queue_keys_wait_for_the_refresh_interval():

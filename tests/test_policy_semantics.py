@@ -106,10 +106,10 @@ def test_starvation_counter_changes_the_order():
         policy.start_segment(short, LOAD)
         queue.push(short, LOAD, iteration=i)
     assert next(queue.ordered()).request_id != "long"
-    assert queue.promote_starving(4) == []
-    assert queue.starvation_counter("long", 4) == 4
-    assert [p.request_id for p in queue.promote_starving(5)] == ["long"]
-    assert queue.pop(10).request_id == "long"  # ahead of every lower key
+    assert queue.promote_starving(4, 0.0) == []
+    assert queue.starvation_counter("long", 4, 0.0) == 4
+    assert [p.request_id for p in queue.promote_starving(5, 0.0)] == ["long"]
+    assert queue.pop(10, 0.0).request_id == "long"  # ahead of every lower key
     assert long.promoted
 
 
@@ -121,5 +121,5 @@ def test_no_starvation_prevention_keeps_key_order():
     for progress in (long, short):
         policy.start_segment(progress, LOAD)
         queue.push(progress, LOAD, iteration=0)
-    assert queue.promote_starving(10_000) == []
-    assert queue.pop(10).request_id == "short"
+    assert queue.promote_starving(10_000, 0.0) == []
+    assert queue.pop(10, 0.0).request_id == "short"

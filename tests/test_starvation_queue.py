@@ -62,28 +62,28 @@ def test_published_rule_counts_only_requests_that_ran_before():
     policy = make_policy("mars", COST, starvation="published", starvation_threshold=3)
     queue = WaitingQueue(policy)
     fresh = _waiting(policy, queue, "fresh", 0.0, 10, 5, now_s=0.0)
-    assert queue.starvation_counter("fresh", iteration=50) == 0
-    assert queue.promote_starving(iteration=50) == []
+    assert queue.starvation_counter("fresh", iteration=50, now_s=0.0) == 0
+    assert queue.promote_starving(iteration=50, now_s=0.0) == []
     assert queue.iterations_to_next_promotion(50) is None
     requeued = RequestProgress(single("requeued", 0.0, 10, 5), order_s=0.0, ran_before=True)
     policy.start_segment(requeued, _at(0.0))
     queue.push(requeued, _at(0.0), iteration=50)
     assert queue.iterations_to_next_promotion(51) == 2
-    assert [p.request_id for p in queue.promote_starving(iteration=53)] == ["requeued"]
-    assert queue.pop(53) is requeued and queue.pop(53) is fresh
+    assert [p.request_id for p in queue.promote_starving(iteration=53, now_s=0.0)] == ["requeued"]
+    assert queue.pop(53, 0.0) is requeued and queue.pop(53, 0.0) is fresh
 
 
 def test_counter_survives_leaving_the_queue_and_resets_at_promotion():
     policy = make_policy("mars", COST, starvation="iterations", starvation_threshold=10)
     queue = WaitingQueue(policy)
     progress = _waiting(policy, queue, "r", 0.0, 10, 5, now_s=0.0)
-    assert queue.pop(4) is progress  # left after 4 iterations: the count is carried
+    assert queue.pop(4, 0.0) is progress  # left after 4 iterations: the count is carried
     assert progress.waited_iterations == 4
     queue.push(progress, _at(0.0), iteration=20)
-    assert queue.starvation_counter("r", 20) == 4
+    assert queue.starvation_counter("r", 20, 0.0) == 4
     assert queue.iterations_to_next_promotion(20) == 6
-    assert queue.promote_starving(26) == [progress]
-    assert queue.starvation_counter("r", 30) == 4  # reset at 26
+    assert queue.promote_starving(26, 0.0) == [progress]
+    assert queue.starvation_counter("r", 30, 0.0) == 4  # reset at 26
 
 
 def test_seconds_to_next_promotion_follows_the_oldest_count():
@@ -102,12 +102,12 @@ def test_popped_promoted_request_put_back_stays_first():
     policy = make_policy("mars", COST, starvation="iterations", starvation_threshold=1)
     queue = WaitingQueue(policy)
     first = _waiting(policy, queue, "first", 0.0, 10, 5, now_s=0.0)
-    queue.promote_starving(1)
+    queue.promote_starving(1, 0.0)
     second = _waiting(policy, queue, "second", 0.0, 10, 5, now_s=0.0)
-    assert queue.pop(2) is first
+    assert queue.pop(2, 0.0) is first
     queue.push_back(first)
     assert [p.request_id for p in queue.ordered()] == ["first", "second"]
-    assert queue.pop(3) is first
+    assert queue.pop(3, 0.0) is first
 
 
 @pytest.mark.parametrize("kwargs, message", [

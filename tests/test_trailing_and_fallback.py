@@ -113,11 +113,11 @@ def test_push_back_takes_back_only_the_request_popped_last():
         queue.push(progress, LOAD, iteration=0)
     with pytest.raises(ValueError, match="push_back takes back only the request popped last"):
         queue.push_back(large)
-    popped = queue.pop(7)
+    popped = queue.pop(7, 0.0)
     assert popped is small and small.waited_iterations == 7 and "small" not in queue
     queue.push_back(small)
     assert small.waited_iterations == 0 and "small" in queue and len(queue) == 2
-    assert queue.starvation_counter("small", 9) == 9  # its counter kept running while it was out
+    assert queue.starvation_counter("small", 9, 0.0) == 9  # its counter kept running while it was out
     assert [p.request_id for p in queue.ordered()] == ["small", "large"]
     with pytest.raises(ValueError):
         queue.push_back(small)  # only once

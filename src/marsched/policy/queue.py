@@ -94,7 +94,7 @@ class WaitingQueue:
         else:
             self._push_heap(entry)
 
-    def pop(self, iteration: int, now_s: float = 0.0) -> RequestProgress | None:
+    def pop(self, iteration: int, now_s: float) -> RequestProgress | None:
         """The next request in order (promoted first), removed from the queue."""
         entry = self._pop_promoted() or self._pop_heap()
         self._popped = entry
@@ -103,7 +103,7 @@ class WaitingQueue:
         self._leave(entry, iteration, now_s)
         return entry.progress
 
-    def remove(self, request_id: str, iteration: int, now_s: float = 0.0) -> None:
+    def remove(self, request_id: str, iteration: int, now_s: float) -> None:
         self._leave(self._entries[request_id], iteration, now_s)
 
     def _leave(self, entry: _Entry, iteration: int, now_s: float) -> None:
@@ -125,12 +125,12 @@ class WaitingQueue:
 
     # --- starvation -------------------------------------------------------------------
 
-    def starvation_counter(self, request_id: str, iteration: int, now_s: float = 0.0) -> float:
+    def starvation_counter(self, request_id: str, iteration: int, now_s: float) -> float:
         """The request's counter in the policy's starvation clock (0 if its waiting does not count)."""
         entry = self._entries[request_id]
         return self._clock(iteration, now_s) - entry.since if entry.counted else 0
 
-    def promote_starving(self, iteration: int, now_s: float = 0.0) -> list[RequestProgress]:
+    def promote_starving(self, iteration: int, now_s: float) -> list[RequestProgress]:
         """Promote every request whose counter reached the threshold; returns them."""
         threshold = self.policy.starvation.threshold
         promoted: list[RequestProgress] = []
