@@ -473,6 +473,11 @@ from marsched.bench.commands import bench as _bench, model as _model  # noqa: E4
 app.command("model")(_model)
 app.command("bench")(_bench)
 
+# The regime map: MARS against INFERCEPT over load × KV capacity × API time, on the simulator.
+from marsched.regime.command import regime as _regime  # noqa: E402
+
+app.command("regime")(_regime)
+
 
 if __name__ == "__main__":
     app()

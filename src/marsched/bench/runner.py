@@ -15,10 +15,10 @@ from marsched.predict.api_duration import parse_api_estimator
 from marsched.predict.length import parse_length_predictor
 from marsched.predict.segment import SegmentPredictor
 from marsched.sim.engine import Simulator
-from marsched.sim.profile import load_profile
+from marsched.sim.profile import load_profile, scale_kv_capacity
 from marsched.workload.arrivals import poisson_arrivals
 from marsched.workload.loader import load_trace
-from marsched.workload.model import Request
+from marsched.workload.model import Request, scale_api_time
 
 _DEFAULT = "default"
 
@@ -41,10 +41,12 @@ class RunSpec:
     strict: bool = False  # reject trace values the loader would otherwise read leniently, with a warning
     starvation: str = _DEFAULT  # a starvation variant name, or "default": the policy's own
     admission: str = _DEFAULT  # greedy | predicted-peak, or "default": the policy's own
+    kv_scale: float = 1.0  # × the profile's device KV blocks (regime maps)
+    api_time_scale: float = 1.0  # × every API call's duration (regime maps)
 
     def build(self):
         """Profile and policy for this spec; raises ValueError naming what is wrong."""
-        profile = load_profile(self.profile)
+        profile = scale_kv_capacity(load_profile(self.profile), self.kv_scale)
         predictor = SegmentPredictor(parse_length_predictor(self.predictor, self.seed), parse_api_estimator(self.api_estimator))
         extra = {} if self.starvation_threshold == _DEFAULT else {"starvation_threshold": self.starvation_threshold}
         if self.starvation != _DEFAULT:
@@ -61,6 +63,8 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
     templates = templates if templates is not None else load_trace(spec.trace, strict=spec.strict)
     profile, policy = spec.build()
     requests = poisson_arrivals(templates, spec.qps, spec.duration_s, spec.seed)
+    if spec.api_time_scale != 1:  # after sampling: the same arrivals and shapes at every scale
+        requests = [scale_api_time(r, spec.api_time_scale) for r in requests]
     trace = TraceFile(spec.trace_out) if spec.trace_out else EventTrace()
     try:
         result = Simulator(requests, profile, policy, trace=trace, on_progress=on_progress).run()
@@ -76,6 +80,8 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
         "qps": spec.qps,
         "duration_s": spec.duration_s,
         "seed": spec.seed,
+        "kv_scale": spec.kv_scale,
+        "api_time_scale": spec.api_time_scale,
         **policy_fields(policy),
         "num_requests": len(requests),
     }

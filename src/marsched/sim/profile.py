@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from importlib import resources
 from pathlib import Path
 
@@ -96,3 +96,15 @@ def profile_from_dict(data: dict, origin: str) -> Profile:
         block_tokens=block_tokens,
         cost=cost,
     )
+
+
+def scale_kv_capacity(profile: Profile, factor: float) -> Profile:
+    """The same engine with `factor` times the device KV blocks (at least one); host memory, cost and
+    block size unchanged. A regime map's KV axis: what a smaller or larger GPU memory share would do,
+    every other constant kept."""
+    if not (math.isfinite(factor) and factor > 0):
+        raise ValueError(f"KV capacity scale must be a finite number > 0, got {factor!r}")
+    if factor == 1:
+        return profile
+    # The name stays: records say the scale beside it (`kv_scale`), so they group by profile.
+    return replace(profile, device_blocks=max(1, round(profile.device_blocks * factor)))

@@ -114,3 +114,17 @@ def build_request(
         segments.append(Segment(context, output_tokens, api))
         context += output_tokens + (api.return_tokens if api else 0)
     return Request(request_id, tuple(segments), arrival_s)
+
+
+def scale_api_time(request: Request, factor: float) -> Request:
+    """The request with every call's duration × `factor`; tokens and arrival unchanged.
+
+    A regime map's API-time axis: slower or faster tools on the same conversations.
+    """
+    if not (factor >= 0 and factor != float("inf")):
+        raise ValueError(f"API time scale must be a finite number >= 0, got {factor!r}")
+    if factor == 1:
+        return request
+    segments = tuple(replace(s, api=replace(s.api, duration_s=s.api.duration_s * factor)) if s.api else s
+                     for s in request.segments)
+    return replace(request, segments=segments)

@@ -1,0 +1,1 @@
+"""Regime maps: where MARS beats INFERCEPT, over load × KV capacity × API time."""
