@@ -33,9 +33,13 @@ def _check_kv_scales(trace: str, strict: bool, profile_name: str, kv_scales: lis
     """Every request of the trace must fit in the smallest KV capacity, or that run would fail late."""
     try:
         profile = load_profile(profile_name)
+    except ValueError as error:
+        fail(f"--profile {profile_name}: {error}")
+    try:
         templates = load_trace(trace, strict=strict)
     except ValueError as error:
-        fail(f"--profile {profile_name}" if "profile" in str(error) else f"--trace {trace}: {error}")
+        message = str(error)  # a trace file's errors start with its path already
+        fail(f"--trace {message}" if message.startswith(f"{trace}:") else f"--trace {trace}: {message}")
     longest = max(blocks_for(r.final_context_tokens + 1, profile.block_tokens) for r in templates)
     for scale in kv_scales:
         blocks = scale_kv_capacity(profile, scale).device_blocks
