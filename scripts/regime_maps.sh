@@ -2,7 +2,8 @@
 # Where MARS wins: MARS over INFERCEPT mean and p99 end-to-end latency over load × KV capacity ×
 # API time on the three bundled traces. Writes results/regime/{single,multi,agent}.{json,png}.
 # Coarse on purpose (5 loads × 3 KV scales × 3 API-time scales, 300 s of arrivals, one process):
-# about N minutes on two shared cores. Re-run with another profile: PROFILE=my.json scripts/regime_maps.sh
+# about 6 minutes of CPU time (single 2, multi 3.5, agent 0.5), 20 minutes of wall time on two
+# busy shared cores. Re-run with another profile: PROFILE=my.json scripts/regime_maps.sh
 set -euo pipefail
 cd "$(dirname "$0")/.."
 out=${OUT:-results/regime}

@@ -146,6 +146,7 @@ def test_regime_command_writes_cells_records_and_heat_map(tmp_path):
     (["--trace", "agent", "--kv-scale", "0.1,1"], "--kv-scale 0.1: 81 KV blocks, but the longest request of trace agent needs"),
     (["--duration", "0"], "--duration 0: give a finite number of seconds > 0"),
     (["--overload-wait", "0"], "--overload-wait 0: give a fraction > 0"),
+    (["--api-estimator", "mean"], "--api-estimator mean: unknown API estimator 'mean'"),
     (["--profile", "nope"], "--profile nope: unknown profile 'nope'"),
     (["--trace", "nope"], "--trace nope:"),
 ])

@@ -15,6 +15,7 @@ import typer
 from marsched.atomic import OutputPathError, check_output_path, write_atomically
 from marsched.bench.runner import RunSpec, run_grid
 from marsched.cli_checks import fail, positive_numbers
+from marsched.predict import parse_api_estimator, parse_length_predictor
 from marsched.regime.table import POLICIES, Thresholds, distinct_values, regime_cells, text_table
 from marsched.sim.memory import blocks_for
 from marsched.sim.profile import load_profile, scale_kv_capacity
@@ -62,6 +63,9 @@ def regime(
     duration: Annotated[float, typer.Option(help="Seconds of Poisson arrivals per run; each run then drains.")] = 300.0,
     seed: Annotated[int, typer.Option(help="Seed for arrivals (0 to 2^32-1); the same stream at every point.")] = 0,
     workers: Annotated[int, typer.Option(help="Parallel processes (0: one per core).")] = 0,
+    predictor: Annotated[str, typer.Option(help="Output-length predictor: oracle or noisy:SIGMA.")] = "oracle",
+    api_estimator: Annotated[str, typer.Option(
+        "--api-estimator", help="API-duration estimate: type-mean or oracle.")] = "type-mean",
     light_excess: Annotated[float, typer.Option(
         help="Light: every policy's mean within this fraction of the isolated floor.")] = Thresholds().light_excess,
     overload_wait: Annotated[float, typer.Option(
@@ -78,6 +82,12 @@ def regime(
         fail(f"--duration {duration:g}: give a finite number of seconds > 0")
     if not 0 <= seed < 2**32:
         fail(f"--seed {seed}: give an integer from 0 to 2^32-1")
+    for flag, value, parse in (("--predictor", predictor, lambda: parse_length_predictor(predictor, seed)),
+                               ("--api-estimator", api_estimator, lambda: parse_api_estimator(api_estimator))):
+        try:
+            parse()
+        except ValueError as error:
+            fail(f"{flag} {value}: {error}")
     if workers < 0:
         fail(f"--workers {workers}: give 0 (one per core) or a number of processes >= 1")
     for flag, value in (("--light-excess", light_excess), ("--overload-wait", overload_wait)):
@@ -94,7 +104,7 @@ def regime(
     _check_kv_scales(trace, strict, profile, kv_scales)
     thresholds = Thresholds(light_excess, overload_wait)
 
-    base = RunSpec(POLICIES[0], rates[0], trace, profile, duration, seed, strict=strict)
+    base = RunSpec(POLICIES[0], rates[0], trace, profile, duration, seed, predictor, api_estimator, strict=strict)
     specs = [replace(base, policy=policy, qps=rate, kv_scale=kv, api_time_scale=api)
              for api in api_scales for kv in kv_scales for rate in rates for policy in POLICIES]
     started = time.perf_counter()
@@ -117,6 +127,7 @@ def regime(
     title = f"{trace} · {records[0]['profile']} · {duration:g} s · seed {seed}"
     if json_path:
         document = {"trace": trace, "profile": records[0]["profile"], "duration_s": duration, "seed": seed,
+                    "predictor": records[0]["predictor"],
                     "thresholds": {"light_excess": thresholds.light_excess,
                                    "overload_wait_fraction": thresholds.overload_wait_fraction},
                     "cells": [c.as_dict() for c in cells], "records": records}
