@@ -61,7 +61,7 @@ from marsched.policy.registry import POLICY_NAMES
 from marsched.sim.isolated import isolated_latency
 from marsched.workload.arrivals import poisson_arrivals
 from marsched.workload.loader import load_trace
-from marsched.workload.model import ApiCall, ApiType, Request, build_request
+from marsched.workload.model import ApiCall, ApiType, Request, build_request, scale_api_time
 
 FIRST_ID = 4  # ids 0-3 are <unk>, <s>, </s>, <pad> in `marsched model`'s tokenizer
 BLOCK_TOKENS = 128  # vLLM's default block size on the CPU; blocks are counted in it
@@ -129,10 +129,8 @@ def scale_request(request: Request, token_scale: float, max_context: int, api_ti
     else:
         raise ValueError(f"request {request.request_id!r}: its {len(request.segments)} segments do not fit in "
                          f"{max_context} tokens even at one token each; raise --max-model-len or --kv-cache-gb")
-    parts = [(out, ApiCall(api.api_type, api.duration_s * api_time_scale, api.return_tokens) if api else None)
-             for out, api in parts]
     scaled = build_request(request.request_id, prompt, parts, request.arrival_s)
-    return replace(scaled, template_id=request.template_id)
+    return replace(scale_api_time(scaled, api_time_scale), template_id=request.template_id)
 
 
 def bench_requests(templates: list[Request], qps: float, duration_s: float, seed: int, token_scale: float,
