@@ -30,6 +30,13 @@ def _axis(text: str, flag: str, example: str) -> list[float]:
         fail(str(error))
 
 
+def _write(flag: str, path: Path, write) -> None:
+    try:
+        write()
+    except OSError as error:
+        fail(f"{flag} {path}: writing failed: {error.strerror or error}")
+
+
 def _check_kv_scales(trace: str, strict: bool, profile_name: str, kv_scales: list[float]) -> None:
     """Every request of the trace must fit in the smallest KV capacity, or that run would fail late."""
     try:
@@ -131,11 +138,12 @@ def regime(
                     "thresholds": {"light_excess": thresholds.light_excess,
                                    "overload_wait_fraction": thresholds.overload_wait_fraction},
                     "cells": [c.as_dict() for c in cells], "records": records}
-        write_atomically(json_path, lambda f: f.write((json.dumps(document, indent=2) + "\n").encode()))
+        _write("--json", json_path, lambda: write_atomically(
+            json_path, lambda f: f.write((json.dumps(document, indent=2) + "\n").encode())))
         print(f"map: {json_path}")
     if plot:
         from marsched.regime.plot import plot_regime
 
-        plot_regime(cells, plot, title, thresholds, duration)
+        _write("--plot", plot, lambda: plot_regime(cells, plot, title, thresholds, duration))
         print(f"plot: {plot}")
     print(f"{len(specs)} runs in {time.perf_counter() - started:.0f} s", file=sys.stderr)
