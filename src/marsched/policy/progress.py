@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
 from marsched.policy.strategy import Strategy
@@ -40,6 +41,10 @@ class RequestProgress:
     waited_s: float = 0.0  # like `waited_iterations`, in engine seconds
     elder: bool = False  # promoted for the rest of its life (starvation `for_life`)
     ran_before: bool = False  # admitted at least once (a later stay in the queue is a re-queue)
+    # What the queue last reported, for the event trace (the audit checks the order from them):
+    left_key: float = math.nan  # its ranking key when it last left the queue
+    left_promoted: bool = False  # whether it left from the promoted lane
+    counter: float = 0.0  # its starvation counter when it last left the queue or was promoted
 
     def __post_init__(self) -> None:
         if not self.context_tokens:

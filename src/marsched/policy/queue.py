@@ -53,6 +53,7 @@ class WaitingQueue:
     _last_refresh: int = -1
     _refreshed_at_s: float | None = None  # the iteration time the keys were last computed with
     _popped: _Entry | None = None  # the entry `pop` returned last, for `push_back`
+    _promoted_live: int = 0  # requests waiting in the promoted lane
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -101,6 +102,8 @@ class WaitingQueue:
         if entry is None:
             return None
         self._leave(entry, iteration, now_s)
+        entry.progress.left_key = entry.key
+        entry.progress.left_promoted = entry.promoted
         return entry.progress
 
     def remove(self, request_id: str, iteration: int, now_s: float) -> None:
@@ -109,9 +112,13 @@ class WaitingQueue:
     def _leave(self, entry: _Entry, iteration: int, now_s: float) -> None:
         entry.live = False
         del self._entries[entry.progress.request_id]
+        if entry.promoted:
+            self._promoted_live -= 1
         if not entry.counted:
+            entry.progress.counter = 0.0
             return
         waited = self._clock(iteration, now_s) - entry.since
+        entry.progress.counter = waited
         if self.policy.starvation.clock is StarvationClock.SECONDS:
             entry.progress.waited_s = waited
         else:
@@ -122,6 +129,17 @@ class WaitingQueue:
         promoted = [e.progress for _, _, e in sorted(self._promoted) if e.live]
         rest = sorted((k, s, e) for k, s, e in self._heap if e.live and not e.promoted)
         return iter(promoted + [e.progress for _, _, e in rest])
+
+    def head_key(self) -> float | None:
+        """The lowest key among waiting requests outside the promoted lane (None if there are none):
+        what the event trace records so that an audit can see no better-ranked request was passed over."""
+        while self._heap and not (self._heap[0][2].live and not self._heap[0][2].promoted):
+            heapq.heappop(self._heap)
+        return self._heap[0][0] if self._heap else None
+
+    @property
+    def promoted_waiting(self) -> int:
+        return self._promoted_live
 
     # --- starvation -------------------------------------------------------------------
 
@@ -145,6 +163,7 @@ class WaitingQueue:
             if clock - entry.since < threshold - _CLOCK_SLACK:
                 break
             heapq.heappop(self._by_start)
+            entry.progress.counter = clock - entry.since
             entry.promoted = True
             entry.progress.promoted = True
             if self.policy.starvation.for_life:
@@ -211,6 +230,7 @@ class WaitingQueue:
     def _push_promoted(self, entry: _Entry, first: bool = False) -> None:
         """Promoted requests run in promotion order, or by arrival when promotion is for life."""
         entry.promoted = True
+        self._promoted_live += 1
         if self.policy.starvation.for_life:
             rank = entry.progress.order_s
         else:

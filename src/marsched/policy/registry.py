@@ -45,10 +45,11 @@ DEFAULT_STARVATION = "age"
 
 def starvation_variant(config: StarvationConfig) -> str:
     """The named variant a starvation rule comes from (its threshold aside), or "custom"."""
+    def rules(c: StarvationConfig) -> tuple:  # everything but the threshold (a replace() could be invalid)
+        return (c.quantum, c.clock, c.counts, c.protection, c.for_life, c.threshold is None)
+
     for name, variant in STARVATION_VARIANTS.items():
-        if replace(variant, threshold=config.threshold) == config and (variant.threshold is None) == (
-            config.threshold is None
-        ):
+        if rules(variant) == rules(config):
             return name
     return "custom"
 STARVATION_NAMES: tuple[str, ...] = tuple(STARVATION_VARIANTS)
@@ -124,3 +125,24 @@ def parse_threshold(text: str) -> float | None:
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"starvation threshold {text!r}: give a positive number or 'off'")
     return value
+
+
+def declaration(policy: Policy) -> dict:
+    """The policy's rules as the event trace's `run` event declares them, so that an audit
+    checks a run against the rules it ran under (its own starvation variant included)."""
+    config = policy.starvation
+    return {
+        "name": policy.name,
+        "order": policy.order.value,
+        "rule": policy.rule.value,
+        "fixed_strategy": policy.fixed_strategy.value if policy.fixed_strategy else None,
+        "starvation": {
+            "variant": starvation_variant(config),
+            "threshold": config.threshold,
+            "clock": config.clock.value,
+            "counts": config.counts.value,
+            "protection": config.protection.value,
+            "quantum": config.quantum,
+            "for_life": config.for_life,
+        },
+    }
