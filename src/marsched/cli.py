@@ -473,6 +473,11 @@ from marsched.bench.commands import bench as _bench, model as _model  # noqa: E4
 app.command("model")(_model)
 app.command("bench")(_bench)
 
+# Reading a run back: `marsched audit` checks a trace against its policy's rules.
+from marsched.audit.command import audit as _audit  # noqa: E402
+
+app.command("audit")(_audit)
+
 
 if __name__ == "__main__":
     app()

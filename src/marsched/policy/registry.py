@@ -43,6 +43,13 @@ STARVATION_VARIANTS: dict[str, StarvationConfig] = {
 DEFAULT_STARVATION = "age"
 
 
+def named_rules(name: str) -> tuple[Order, StrategyRule, Strategy | None]:
+    """A named policy's queue order, strategy rule and fixed strategy (what an audit checks)."""
+    if name not in _NAMED:
+        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICY_NAMES)}")
+    return _NAMED[name][:3]
+
+
 def starvation_variant(config: StarvationConfig) -> str:
     """The named variant a starvation rule comes from (its threshold aside), or "custom"."""
     def rules(c: StarvationConfig) -> tuple:  # everything but the threshold (a replace() could be invalid)
