@@ -22,7 +22,7 @@ FIELDS = {
     "end": COMMON | {"requests"},
     "arrive": REQUEST | {"arrival_s", "prompt_tokens", "segments"},
     "assign_strategy": REQUEST | {"strategy", "reason", "context_tokens", "api_s"},
-    "admit": REQUEST | {"prefill_tokens", "wait_s", "score", "promoted", "counter", "predicted_output_tokens",
+    "admit": REQUEST | {"prefill_tokens", "wait_s", "score", "promoted", "counter", "key_basis", "predicted_output_tokens",
                         "predicted_api_s"},
     "schedule": COMMON | {"iterations", "batch", "tokens", "dt_s", "free_blocks", "host_free_blocks", "waiting",
                           "next_score"},

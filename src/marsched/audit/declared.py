@@ -10,7 +10,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from marsched.audit.reader import Line, TraceReadError
-from marsched.policy.policy import Order, StarvationClock, StarvationCount, StrategyRule
+from marsched.audit.keys import RECOMPUTED, key_policy
+from marsched.policy.policy import Order, Policy, StarvationClock, StarvationCount, StrategyRule
 from marsched.policy.registry import named_rules
 from marsched.policy.strategy import Strategy
 
@@ -39,6 +40,7 @@ class Declared:
     starvation: Starvation
     device_blocks: int
     host_blocks: int
+    key_policy: Policy | None  # recomputes ranking keys; None: the order's keys are times, or no cost model
 
 
 def declared(path: str, run: Line, policy: str | None) -> Declared:
@@ -54,7 +56,9 @@ def declared(path: str, run: Line, policy: str | None) -> Declared:
             fixed = Strategy(p["fixed_strategy"]) if p["fixed_strategy"] else None
         else:
             order, rule, fixed = named_rules(policy)
-        return Declared(str(event["engine"]), str(p["name"]), policy or str(p["name"]), order, rule, fixed,
-                        starvation, int(event["device_blocks"]), int(event["host_blocks"]))
+        name = policy or str(p["name"])
+        keys = key_policy(name, p) if order in RECOMPUTED else None
+        return Declared(str(event["engine"]), str(p["name"]), name, order, rule, fixed,
+                        starvation, int(event["device_blocks"]), int(event["host_blocks"]), keys)
     except (KeyError, TypeError, ValueError) as error:
         raise TraceReadError(path, run.number, f"run event: policy declaration unreadable ({error})") from None

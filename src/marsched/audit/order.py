@@ -13,6 +13,7 @@ recorded key and checks the order it implies; it does not recompute it.
 from __future__ import annotations
 
 from marsched.audit.declared import Declared
+from marsched.audit.keys import recompute_key
 from marsched.audit.queue_model import QueueModel
 from marsched.audit.reader import Line
 from marsched.audit.violations import Check, Violation
@@ -35,6 +36,7 @@ class RankingOrder:
         self.order = declared.order
         self.for_life = declared.starvation.for_life
         self.model = model
+        self.key_policy = declared.key_policy
         self.iteration: int | None = None
         self.ranked: list[Line] = []  # this iteration's admissions by rank
 
@@ -55,6 +57,8 @@ class RankingOrder:
         if waiting is None:
             self._violation(line, "admitted while not in the waiting queue (admitted twice, or never queued)")
             return
+        if self.key_policy is not None and e.get("key_basis"):
+            self._check_recomputed(line)
         if waiting.promoted:
             first = self.model.first_promoted()
             if first is not None and first is not waiting:
@@ -80,6 +84,20 @@ class RankingOrder:
             self._violation(line, f"admitted with score {e['score']:.6g} after {before.event['rid']} with the worse "
                                   f"score {before.event['score']:.6g} in the same iteration", before)
         self.ranked.append(line)
+
+    def _check_recomputed(self, line: Line) -> None:
+        e = line.event
+        try:
+            expected = recompute_key(self.key_policy, e["key_basis"])
+        except (KeyError, TypeError, ValueError) as error:
+            self._violation(line, f"its key_basis cannot be read ({error!r}), so its key cannot be checked")
+            return
+        if abs(e["score"] - expected) > 1e-6 * max(1.0, abs(expected)):
+            basis = e["key_basis"]
+            self._violation(line, f"its score {e['score']:.6g} is not the {self.order.value} key of its own "
+                                  f"predictions ({expected:.6g} from {len(basis['predictions'])} predicted segment(s), "
+                                  f"context {basis['context_tokens']}, τ={basis['tau_s']:.3g}s): the queue ranks by "
+                                  "something else")
 
     def _check_key(self, line: Line, waiting) -> None:
         e = line.event

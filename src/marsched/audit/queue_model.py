@@ -45,6 +45,7 @@ class QueueModel:
         self.elder: set[str] = set()  # promoted for life
         self._sequence = itertools.count()
         self._by_start: list[tuple[float, int, Waiting]] = []  # counted, unpromoted entries by count start
+        self._lane: list[tuple[tuple[float, int], Waiting]] = []  # the promoted lane (stale entries skipped)
 
     def clock(self, event: dict) -> float:
         return event["t"] if self.seconds else event["iteration"]
@@ -113,9 +114,12 @@ class QueueModel:
         first = self.arrival.get(waiting.rid, 0.0) if self.starvation.for_life else 0.0
         waiting.lane_rank = (first, next(self._sequence))
         self.promoted[waiting.rid] = waiting
+        heapq.heappush(self._lane, (waiting.lane_rank, waiting))
 
     def first_promoted(self) -> Waiting | None:
-        return min(self.promoted.values(), key=lambda w: w.lane_rank, default=None)
+        while self._lane and self.promoted.get(self._lane[0][1].rid) is not self._lane[0][1]:
+            heapq.heappop(self._lane)
+        return self._lane[0][1] if self._lane else None
 
     def overdue(self, event: dict, threshold: float, slack: float) -> list[Waiting]:
         """Counted, unpromoted requests past the threshold that waited since before this iteration

@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from marsched.policy.load import EngineLoad
 from marsched.policy.strategy import Strategy
 from marsched.predict.segment import SegmentPrediction
 from marsched.workload.model import Request, Segment
@@ -20,6 +21,19 @@ class StrategyAssignment:
     context_tokens: int  # C used for the decision (predicted or actual)
     api_s: float  # T used for the decision (predicted, or actual remaining)
     reason: str  # "ahead", "at-call", "reconsidered", "fixed", "host-full"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyBasis:
+    """What a queue key was computed from (the request's state and the engine's load then), so
+    that the event trace can show it and an audit can recompute the key from the predictions."""
+
+    load: EngineLoad
+    segment_index: int
+    context_tokens: int
+    computed_tokens: int
+    generated: int
+    strategy: Strategy | None
 
 
 @dataclass(slots=True, eq=False)
@@ -45,6 +59,7 @@ class RequestProgress:
     left_key: float = math.nan  # its ranking key when it last left the queue
     left_promoted: bool = False  # whether it left from the promoted lane
     counter: float = 0.0  # its starvation counter when it last left the queue or was promoted
+    key_basis: KeyBasis | None = None  # what its current queue key was computed from
 
     def __post_init__(self) -> None:
         if not self.context_tokens:

@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy, StarvationClock
-from marsched.policy.progress import RequestProgress
+from marsched.policy.progress import KeyBasis, RequestProgress
 
 
 # A count this close to the threshold is taken as there: with a seconds clock, float rounding
@@ -71,7 +71,7 @@ class WaitingQueue:
         clock = self.policy.starvation.clock
         waited = progress.waited_s if clock is StarvationClock.SECONDS else progress.waited_iterations
         since = self._clock(iteration, load.now_s) - waited
-        entry = _Entry(progress, self.policy.queue_key(progress, load), since, counted)
+        entry = _Entry(progress, self._key(progress, load), since, counted)
         self._entries[progress.request_id] = entry
         if progress.elder:
             self._push_promoted(entry)  # promoted for life: ahead of the ranking at every stay
@@ -215,10 +215,15 @@ class WaitingQueue:
         self._heap = []
         for entry in self._entries.values():
             if not entry.promoted:
-                entry.key = self.policy.queue_key(entry.progress, load)
+                entry.key = self._key(entry.progress, load)
                 self._heap.append((entry.key, self._next_sequence(), entry))
         heapq.heapify(self._heap)
         return True
+
+    def _key(self, progress: RequestProgress, load: EngineLoad) -> float:
+        progress.key_basis = KeyBasis(load, progress.segment_index, progress.context_tokens,
+                                      progress.computed_tokens, progress.generated, progress.strategy)
+        return self.policy.queue_key(progress, load)
 
     def _push_heap(self, entry: _Entry) -> None:
         heapq.heappush(self._heap, (entry.key, self._next_sequence(), entry))

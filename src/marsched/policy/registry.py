@@ -133,23 +133,3 @@ def parse_threshold(text: str) -> float | None:
         raise ValueError(f"starvation threshold {text!r}: give a positive number or 'off'")
     return value
 
-
-def declaration(policy: Policy) -> dict:
-    """The policy's rules as the event trace's `run` event declares them, so that an audit
-    checks a run against the rules it ran under (its own starvation variant included)."""
-    config = policy.starvation
-    return {
-        "name": policy.name,
-        "order": policy.order.value,
-        "rule": policy.rule.value,
-        "fixed_strategy": policy.fixed_strategy.value if policy.fixed_strategy else None,
-        "starvation": {
-            "variant": starvation_variant(config),
-            "threshold": config.threshold,
-            "clock": config.clock.value,
-            "counts": config.counts.value,
-            "protection": config.protection.value,
-            "quantum": config.quantum,
-            "for_life": config.for_life,
-        },
-    }

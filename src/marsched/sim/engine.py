@@ -30,7 +30,7 @@ from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.queue import WaitingQueue
-from marsched.policy.registry import declaration
+from marsched.policy.trace_fields import declaration, key_basis
 from marsched.policy.strategy import Strategy
 from marsched.sim.isolated import isolated_latency
 from marsched.sim.link import HostLink, Transfer
@@ -345,7 +345,7 @@ class Simulator:
             self.policy.protect(progress, self.iteration)
         prediction = progress.predictions[progress.segment_index]
         self._emit("admit", sim_request, prefill_tokens=prefill_tokens, wait_s=wait, score=progress.left_key,
-                   promoted=progress.left_promoted, counter=progress.counter,
+                   promoted=progress.left_promoted, counter=progress.counter, key_basis=key_basis(progress),
                    predicted_output_tokens=prediction.output_tokens, predicted_api_s=prediction.api_duration_s)
 
     def _fits(self, sim_request: SimRequest, tokens: int) -> bool:

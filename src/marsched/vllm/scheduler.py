@@ -51,7 +51,7 @@ from marsched.vllm.metadata import MetadataError, PlannedSegment, decode, worklo
 from marsched.vllm.ranked_queue import RankedRequestQueue
 from marsched.vllm.trace import open_trace
 from marsched.metrics.trace import QUEUE_AFTER, RESUME_QUEUE, SCHEMA_VERSION
-from marsched.policy.registry import declaration
+from marsched.policy.trace_fields import declaration, key_basis
 from marsched.workload.model import ApiCall, ApiType
 
 logger = init_logger(__name__)
@@ -523,7 +523,8 @@ class MarsSchedulerMixin:
             prediction = progress.predictions[progress.segment_index]
             self._emit("admit", tracked, prefill_tokens=output.num_scheduled_tokens.get(rid, 0),
                        wait_s=now - tracked.wait_since_t, score=progress.left_key, promoted=progress.left_promoted,
-                       counter=progress.counter, predicted_output_tokens=prediction.output_tokens,
+                       counter=progress.counter, key_basis=key_basis(progress),
+                       predicted_output_tokens=prediction.output_tokens,
                        predicted_api_s=prediction.api_duration_s)
         meta = getattr(output, "kv_connector_metadata", None)
         if isinstance(meta, SwapMeta):
