@@ -1,0 +1,54 @@
+"""Real vLLM traces of every policy follow the trace schema and pass the audit.
+
+One AugmentedEngine per policy (CPU, tiny random model) serves a few augmented requests
+(two calls each) and plain ones at once; the trace is read after shutdown, when the
+scheduler has written its `end` event.
+"""
+
+from __future__ import annotations
+
+import asyncio
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from marsched.audit import audit_trace  # noqa: E402
+from marsched.metrics.trace import read_trace  # noqa: E402
+from marsched.policy import POLICY_NAMES  # noqa: E402
+from marsched.vllm import AugmentedEngine, Step, ToolCall  # noqa: E402
+from test_trace_schema import schema_errors  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+
+
+def steps(index: int) -> list[Step]:
+    call = ToolCall("sleep", {"duration_s": 0.05 + 0.05 * index, "tokens": [100 + index] * 4})
+    return [Step(12 + index, call), Step(8, call), Step(6)]
+
+
+@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_vllm_trace_follows_the_schema_and_passes_the_audit(policy, tiny_model, loop_thread, tmp_path):
+    trace = tmp_path / f"{policy}.jsonl"
+
+    async def scenario():
+        engine = AugmentedEngine(tiny_model, policy=policy, trace_path=str(trace), dtype="float32",
+                                 enforce_eager=True, block_size=32, max_model_len=512, seed=0)
+        await engine.start()
+        try:
+            augmented = [engine.generate(list(range(10 + i, 40 + i)), steps(i), request_id=f"aug-{i}",
+                                         ignore_eos=True) for i in range(4)]
+            plain = [engine.generate(list(range(50 + i, 70 + i)), [Step(10)], request_id=f"plain-{i}",
+                                     ignore_eos=True) for i in range(2)]
+            return await asyncio.gather(*augmented, *plain)
+        finally:
+            engine.shutdown()
+
+    results = loop_thread.run(scenario(), timeout=300)
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    events = read_trace(trace)
+    assert events[0]["event"] == "run" and events[0]["engine"] == "vllm" and events[-1]["event"] == "end"
+    assert schema_errors(events) == []
+    result = audit_trace(trace, policy)
+    assert result.requests == 6
+    assert result.violations == [], "\n".join(map(str, result.violations))
