@@ -474,9 +474,10 @@ app.command("model")(_model)
 app.command("bench")(_bench)
 
 # Reading a run back: `marsched audit` checks a trace against its policy's rules.
-from marsched.audit.command import audit as _audit  # noqa: E402
+from marsched.audit.command import audit as _audit, plot as _plot  # noqa: E402
 
 app.command("audit")(_audit)
+app.command("plot")(_plot)
 
 
 if __name__ == "__main__":

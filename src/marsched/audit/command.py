@@ -47,3 +47,46 @@ def audit(
     hidden = sum(max(n - show, 0) for n in shown.values())
     out.print(f"{len(result.violations)} violations ({summary})" + (f"; {hidden} not shown (--show)" if hidden else ""))
     raise typer.Exit(1)
+
+
+def plot(
+    trace: Annotated[Path | None, typer.Argument(help="Event trace (JSONL) to draw.")] = None,
+    metrics: Annotated[Path | None, typer.Option(help="Metrics JSON (`simulate`/`compare`/`bench --json`) "
+                                                     "to draw latency CDFs from, instead of a trace.")] = None,
+    out: Annotated[Path | None, typer.Option(help="PNG to write (default: beside the input, .png).")] = None,
+    requests: Annotated[int, typer.Option(help="Requests shown in the per-request timeline.")] = 40,
+) -> None:
+    """Draw a run: queue lengths, KV memory and per-request timelines (TRACE), or latency CDFs (--metrics)."""
+    import json
+
+    from marsched.audit.plot import plot_cdfs, plot_trace
+    from marsched.audit.timeline import build_timeline
+
+    if (trace is None) == (metrics is None):
+        fail("give a trace to draw, or --metrics JSON, not both")
+    source = trace or metrics
+    out = out or source.with_suffix(".png")
+    if requests < 1:
+        fail(f"--requests {requests}: give a number of requests >= 1")
+    if trace is not None:
+        try:
+            timeline = build_timeline(trace)
+        except TraceReadError as error:
+            fail(f"unreadable trace: {error}")
+        draw = lambda: plot_trace(timeline, out, requests)  # noqa: E731
+    else:
+        try:
+            records = json.loads(metrics.read_text())
+        except (OSError, ValueError) as error:
+            fail(f"--metrics {metrics}: cannot read: {error}")
+        records = records if isinstance(records, list) else [records]
+        missing = [i for i, r in enumerate(records) if not isinstance(r, dict) or "e2e_cdf_s" not in r]
+        if not records or missing:
+            fail(f"--metrics {metrics}: record {missing[0] if missing else 0} has no latency distribution "
+                 "(e2e_cdf_s, ttft_cdf_s): write it with this marsched's --json")
+        draw = lambda: plot_cdfs(records, out)  # noqa: E731
+    try:
+        draw()
+    except OSError as error:
+        fail(f"--out {out}: writing failed: {error.strerror or error}")
+    print(out)
