@@ -474,10 +474,11 @@ app.command("model")(_model)
 app.command("bench")(_bench)
 
 # Reading a run back: `marsched audit` checks a trace against its policy's rules.
-from marsched.audit.command import audit as _audit, plot as _plot  # noqa: E402
+from marsched.audit.command import audit as _audit, export as _export, plot as _plot  # noqa: E402
 
 app.command("audit")(_audit)
 app.command("plot")(_plot)
+app.command("export")(_export)
 
 
 if __name__ == "__main__":

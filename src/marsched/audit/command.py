@@ -90,3 +90,23 @@ def plot(
     except OSError as error:
         fail(f"--out {out}: writing failed: {error.strerror or error}")
     print(out)
+
+
+def export(
+    trace: Annotated[Path, typer.Argument(help="Event trace (JSONL) to convert.")],
+    perfetto: Annotated[Path, typer.Option(help="Write the Chrome Trace Event JSON here (open it in "
+                                                "ui.perfetto.dev or chrome://tracing).")],
+) -> None:
+    """Convert a trace for Perfetto: a track per request, counters for queue lengths and KV memory."""
+    from marsched.audit.perfetto import write_chrome_trace
+    from marsched.audit.timeline import build_timeline
+
+    try:
+        timeline = build_timeline(trace)
+    except TraceReadError as error:
+        fail(f"unreadable trace: {error}")
+    try:
+        write_chrome_trace(timeline, perfetto)
+    except OSError as error:
+        fail(f"--perfetto {perfetto}: writing failed: {error.strerror or error}")
+    print(perfetto)
