@@ -16,6 +16,11 @@ class Memory:
 
     def on_event(self, line: Line) -> None:
         event = line.event
+        if event["event"] == "end":
+            self.end = line
+        if (0 <= event["kv_device_blocks"] <= self.capacity["kv_device_blocks"]
+                and 0 <= event["kv_host_blocks"] <= self.capacity["kv_host_blocks"] and not self.over):
+            return  # the common case, checked first
         for field, capacity in self.capacity.items():
             used = event[field]
             pool = "device" if field == "kv_device_blocks" else "host"
@@ -27,8 +32,6 @@ class Memory:
                                           f"outside 0..{capacity} (the {pool} capacity)", (line.number,)))
             else:
                 self.over.discard(pool)
-        if event["event"] == "end":
-            self.end = line
 
     def finish(self, last: Line) -> None:
         if self.end is None:

@@ -51,16 +51,20 @@ def read_events(path: str | os.PathLike[str]) -> Iterator[Line]:
         file = open(path, encoding="utf-8")
     except OSError as error:
         raise TraceReadError(path, 0, f"cannot open: {error.strerror or error}") from None
+    decode = json.JSONDecoder().raw_decode  # json.loads less its per-line whitespace scans
     with file:
         first = True
         try:
             for number, text in enumerate(file, 1):
-                if not text.strip():
+                text = text.strip()
+                if not text:
                     continue
                 try:
-                    event = json.loads(text)
+                    event, end = decode(text)
                 except json.JSONDecodeError as error:
                     raise TraceReadError(path, number, f"not JSON ({error.msg} at character {error.pos + 1})") from None
+                if end != len(text):
+                    raise TraceReadError(path, number, f"more than one JSON value (at character {end + 1})")
                 yield Line(number, _checked(path, number, event, required, first))
                 first = False
         except UnicodeDecodeError as error:
@@ -75,11 +79,12 @@ def _checked(path: str, number: int, event: Any, required: dict[str, frozenset[s
     kind = event.get("event")
     if kind not in required:
         raise TraceReadError(path, number, f"unknown event {kind!r}; known: {', '.join(sorted(required))}")
-    missing = required[kind] - event.keys()
-    if missing:
+    if not required[kind] <= event.keys():
+        missing = required[kind] - event.keys()
         raise TraceReadError(path, number, f"{kind} event without {', '.join(sorted(missing))} "
                                            f"(required by trace schema v{SCHEMA_VERSION})")
-    if not _is_number(event["t"]):
+    t = event["t"]
+    if type(t) is not float and not _is_number(t):  # the common case first: a float
         raise TraceReadError(path, number, f"field 't' must be a finite number of seconds, got {event['t']!r}")
     if "rid" in required[kind] and not (isinstance(event["rid"], str) and event["rid"]):
         raise TraceReadError(path, number, f"field 'rid' must be a non-empty string, got {event['rid']!r}")
