@@ -343,10 +343,11 @@ class Simulator:
         progress.ran_before = True
         if progress.promoted or progress.elder:
             self.policy.protect(progress, self.iteration)
-        prediction = progress.predictions[progress.segment_index]
-        self._emit("admit", sim_request, prefill_tokens=prefill_tokens, wait_s=wait, score=progress.left_key,
-                   promoted=progress.left_promoted, counter=progress.counter, key_basis=key_basis(progress),
-                   predicted_output_tokens=prediction.output_tokens, predicted_api_s=prediction.api_duration_s)
+        if self.trace.enabled:  # the key basis is built only for a trace
+            prediction = progress.predictions[progress.segment_index]
+            self._emit("admit", sim_request, prefill_tokens=prefill_tokens, wait_s=wait, score=progress.left_key,
+                       promoted=progress.left_promoted, counter=progress.counter, key_basis=key_basis(progress),
+                       predicted_output_tokens=prediction.output_tokens, predicted_api_s=prediction.api_duration_s)
 
     def _fits(self, sim_request: SimRequest, tokens: int) -> bool:
         needed = blocks_for(sim_request.progress.computed_tokens + tokens, self.block_tokens) - sim_request.device_blocks

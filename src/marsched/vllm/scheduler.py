@@ -523,7 +523,8 @@ class MarsSchedulerMixin:
             prediction = progress.predictions[progress.segment_index]
             self._emit("admit", tracked, prefill_tokens=output.num_scheduled_tokens.get(rid, 0),
                        wait_s=now - tracked.wait_since_t, score=progress.left_key, promoted=progress.left_promoted,
-                       counter=progress.counter, key_basis=key_basis(progress),
+                       counter=progress.counter,
+                       key_basis=key_basis(progress) if self.mars_trace.enabled else None,
                        predicted_output_tokens=prediction.output_tokens,
                        predicted_api_s=prediction.api_duration_s)
         meta = getattr(output, "kv_connector_metadata", None)
