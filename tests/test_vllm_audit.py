@@ -8,6 +8,7 @@ scheduler has written its `end` event.
 from __future__ import annotations
 
 import asyncio
+import time
 
 import pytest
 
@@ -25,6 +26,20 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 def steps(index: int) -> list[Step]:
     call = ToolCall("sleep", {"duration_s": 0.05 + 0.05 * index, "tokens": [100 + index] * 4})
     return [Step(12 + index, call), Step(8, call), Step(6)]
+
+
+def ended_trace(path, timeout_s: float = 60.0) -> list[dict]:
+    """The trace once the engine-core process has shut down its scheduler (it writes `end` then;
+    `shutdown()` returns before the process is done)."""
+    deadline = time.monotonic() + timeout_s
+    while True:
+        try:
+            events = read_trace(path)
+        except ValueError:  # a line being written
+            events = [{"event": None}]
+        if events[-1]["event"] == "end" or time.monotonic() > deadline:
+            return events
+        time.sleep(0.2)
 
 
 @pytest.mark.parametrize("policy", POLICY_NAMES)
@@ -46,7 +61,7 @@ def test_vllm_trace_follows_the_schema_and_passes_the_audit(policy, tiny_model, 
 
     results = loop_thread.run(scenario(), timeout=300)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
-    events = read_trace(trace)
+    events = ended_trace(trace)
     assert events[0]["event"] == "run" and events[0]["engine"] == "vllm" and events[-1]["event"] == "end"
     assert schema_errors(events) == []
     result = audit_trace(trace, policy)
