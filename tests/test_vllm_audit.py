@@ -67,3 +67,33 @@ def test_vllm_trace_follows_the_schema_and_passes_the_audit(policy, tiny_model, 
     result = audit_trace(trace, policy)
     assert result.requests == 6
     assert result.violations == [], "\n".join(map(str, result.violations))
+
+
+def test_vllm_starvation_counter_and_promotions_pass_the_audit(tiny_model, tmp_path):
+    # test_vllm_order's constrained cache (one request at a time, the rest queue) under MARS with
+    # the `iterations` variant declared from the start: the longest requests are promoted at 10.
+    from vllm import LLM, SamplingParams
+
+    from marsched.vllm.metadata import ChunkMeta, PlannedSegment
+
+    trace = tmp_path / "starvation.jsonl"
+    config = {"marsched": {"policy": "mars", "starvation": "iterations", "starvation_threshold": 10,
+                           "trace_path": str(trace)}}
+    llm = LLM(model=tiny_model, dtype="float32", enforce_eager=True, block_size=32, max_model_len=160,
+              num_gpu_blocks_override=6, enable_prefix_caching=False, seed=0,
+              scheduler_cls="marsched.vllm.MarsScheduler", additional_config=config)
+    try:
+        prompts, params = [], []
+        for index, predicted in enumerate([80, 50, 20, 5]):
+            meta = ChunkMeta(0, (PlannedSegment(predicted),), request_id=f"starve-{predicted}")
+            prompts.append({"prompt_token_ids": [(7 * index + j) % 500 + 4 for j in range(100)]})
+            params.append(SamplingParams(temperature=0.0, max_tokens=20, ignore_eos=True,
+                                         extra_args=meta.to_extra_args()))
+        llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    events = ended_trace(trace)
+    assert [e["rid"] for e in events if e["event"] == "promote"] == ["starve-80", "starve-50", "starve-20"]
+    assert schema_errors(events) == []
+    result = audit_trace(trace, "mars")
+    assert result.violations == [], "\n".join(map(str, result.violations))
