@@ -237,17 +237,15 @@ _FAST_FORWARD_SCENARIOS = {
 }
 
 
-def _same(a: dict, b: dict) -> bool:
-    if a.keys() != b.keys():
-        return False
-    for key, value in a.items():
-        other = b[key]
-        if isinstance(value, float) and isinstance(other, float):
-            if not math.isclose(value, other, rel_tol=0, abs_tol=1e-9):
-                return False
-        elif value != other:
-            return False
-    return True
+def _same(a, b) -> bool:
+    """Equal, floats within 1e-9 (nested too: an admit event's key basis holds τ)."""
+    if isinstance(a, dict) and isinstance(b, dict):
+        return a.keys() == b.keys() and all(_same(value, b[key]) for key, value in a.items())
+    if isinstance(a, list) and isinstance(b, list):
+        return len(a) == len(b) and all(_same(x, y) for x, y in zip(a, b))
+    if isinstance(a, float) and isinstance(b, float):
+        return math.isclose(a, b, rel_tol=0, abs_tol=1e-9)
+    return a == b
 
 
 @pytest.mark.parametrize("scenario", list(_FAST_FORWARD_SCENARIOS))

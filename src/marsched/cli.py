@@ -478,6 +478,13 @@ from marsched.regime.command import regime as _regime  # noqa: E402
 
 app.command("regime")(_regime)
 
+# Reading a run back: `marsched audit` checks a trace against its policy's rules.
+from marsched.audit.command import audit as _audit, export as _export, plot as _plot  # noqa: E402
+
+app.command("audit")(_audit)
+app.command("plot")(_plot)
+app.command("export")(_export)
+
 
 if __name__ == "__main__":
     app()

@@ -67,4 +67,11 @@ def summarize(records: list[RequestRecord]) -> dict[str, float | int | dict[str,
         "preemptions": sum(r.preemptions for r in records),
         "strategy_counts": dict(sorted(strategy_counts.items())),
         "isolated_e2e_mean_s": float(np.mean([r.isolated_e2e_s for r in records])),
+        # The distributions, as the 0th to 100th percentiles: what `marsched plot --metrics` draws CDFs from.
+        "e2e_cdf_s": _cdf(e2e),
+        "ttft_cdf_s": _cdf(ttft),
     }
+
+
+def _cdf(values: np.ndarray) -> list[float]:
+    return [round(float(v), 6) for v in np.percentile(values, np.arange(101))]

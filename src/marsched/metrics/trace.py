@@ -1,22 +1,15 @@
 """The event trace: one JSON object per line, written atomically.
 
-Every event has `event`, `t` (seconds of engine time) and, for request events, `rid`.
-Events and their extra fields:
+The schema is `trace.schema.json` beside this module (version `SCHEMA_VERSION`), and
+`docs/trace-format.md` explains it: the one place for what each event carries. Both
+engines write it; `marsched audit` reads it, from them or from any other engine.
 
-| event | fields |
-| --- | --- |
-| arrive | prompt_tokens, segments |
-| assign_strategy | segment, strategy, reason (ahead, at-call, reconsidered, fixed, host-full), context_tokens, api_s |
-| admit | segment, prefill_tokens, wait_s (the request leaves the queue and gets device blocks) |
-| schedule | iteration, iterations (>1 when identical decode iterations are run together), batch, tokens, dt_s, free_blocks, host_free_blocks |
-| preempt | segment, strategy, freed_blocks |
-| api_start | segment, strategy (null for a trailing call, whose KV is freed at the call), context_tokens (at the call), duration_s |
-| swap_out | blocks (transfer finished; device blocks freed) |
-| swap_in | blocks (transfer finished; host blocks freed) |
-| api_end | segment, return_tokens |
-| resume | segment, where (device, waiting, host) |
-| promote | counter (the starvation threshold was reached) |
-| finish | e2e_s, ttft_s |
+Every event has `event`, `t` (seconds of engine time), `iteration` (the engine's
+scheduling iteration), and the KV blocks in use engine-wide after it
+(`kv_device_blocks`, `kv_host_blocks`); a request's events add `rid`, `segment` and
+`queue` (where the request is after the event, `Queue`). The first line is a `run`
+event declaring the engine, the policy (its order, strategy rule and starvation rule)
+and the capacities; the last is an `end` event.
 """
 
 from __future__ import annotations
@@ -26,7 +19,38 @@ import os
 from pathlib import Path
 from typing import Any
 
+from enum import Enum
+
 from marsched.atomic import AtomicFile
+
+SCHEMA_VERSION = 1
+SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
+
+
+class Queue(str, Enum):
+    """Where a request is after an event (DESIGN.md, "Domain model")."""
+
+    WAITING = "waiting"  # in the waiting queue; needs prefill (new, preempted or discarded)
+    RUNNING = "running"  # KV on the device, in the batch (or being swapped in)
+    PAUSED = "paused"  # inside an API call (KV preserved, discarded, or being swapped out)
+    SWAPPED = "swapped"  # call returned, KV in host memory, in the waiting queue for a swap-in
+    FINISHED = "finished"
+
+
+# The queue a request is in after each event; `resume` depends on where its KV is, and
+# `assign_strategy` changes no queue (the engine writes the request's current one).
+QUEUE_AFTER: dict[str, Queue] = {
+    "arrive": Queue.WAITING,
+    "admit": Queue.RUNNING,
+    "preempt": Queue.WAITING,
+    "promote": Queue.WAITING,
+    "api_start": Queue.PAUSED,
+    "swap_out": Queue.PAUSED,
+    "api_end": Queue.PAUSED,
+    "swap_in": Queue.RUNNING,
+    "finish": Queue.FINISHED,
+}
+RESUME_QUEUE: dict[str, Queue] = {"device": Queue.RUNNING, "waiting": Queue.WAITING, "host": Queue.SWAPPED}
 
 
 class EventTrace:

@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass, field
 
+from marsched.policy.load import EngineLoad
 from marsched.policy.strategy import Strategy
 from marsched.predict.segment import SegmentPrediction
 from marsched.workload.model import Request, Segment
@@ -19,6 +21,19 @@ class StrategyAssignment:
     context_tokens: int  # C used for the decision (predicted or actual)
     api_s: float  # T used for the decision (predicted, or actual remaining)
     reason: str  # "ahead", "at-call", "reconsidered", "fixed", "host-full"
+
+
+@dataclass(frozen=True, slots=True)
+class KeyBasis:
+    """What a queue key was computed from (the request's state and the engine's load then), so
+    that the event trace can show it and an audit can recompute the key from the predictions."""
+
+    load: EngineLoad
+    segment_index: int
+    context_tokens: int
+    computed_tokens: int
+    generated: int
+    strategy: Strategy | None
 
 
 @dataclass(slots=True, eq=False)
@@ -40,6 +55,11 @@ class RequestProgress:
     waited_s: float = 0.0  # like `waited_iterations`, in engine seconds
     elder: bool = False  # promoted for the rest of its life (starvation `for_life`)
     ran_before: bool = False  # admitted at least once (a later stay in the queue is a re-queue)
+    # What the queue last reported, for the event trace (the audit checks the order from them):
+    left_key: float = math.nan  # its ranking key when it last left the queue
+    left_promoted: bool = False  # whether it left from the promoted lane
+    counter: float = 0.0  # its starvation counter when it last left the queue or was promoted
+    key_basis: KeyBasis | None = None  # what its current queue key was computed from
 
     def __post_init__(self) -> None:
         if not self.context_tokens:

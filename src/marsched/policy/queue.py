@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy, StarvationClock
-from marsched.policy.progress import RequestProgress
+from marsched.policy.progress import KeyBasis, RequestProgress
 
 
 # A count this close to the threshold is taken as there: with a seconds clock, float rounding
@@ -53,6 +53,7 @@ class WaitingQueue:
     _last_refresh: int = -1
     _refreshed_at_s: float | None = None  # the iteration time the keys were last computed with
     _popped: _Entry | None = None  # the entry `pop` returned last, for `push_back`
+    _promoted_live: int = 0  # requests waiting in the promoted lane
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -70,7 +71,7 @@ class WaitingQueue:
         clock = self.policy.starvation.clock
         waited = progress.waited_s if clock is StarvationClock.SECONDS else progress.waited_iterations
         since = self._clock(iteration, load.now_s) - waited
-        entry = _Entry(progress, self.policy.queue_key(progress, load), since, counted)
+        entry = _Entry(progress, self._key(progress, load), since, counted)
         self._entries[progress.request_id] = entry
         if progress.elder:
             self._push_promoted(entry)  # promoted for life: ahead of the ranking at every stay
@@ -101,6 +102,8 @@ class WaitingQueue:
         if entry is None:
             return None
         self._leave(entry, iteration, now_s)
+        entry.progress.left_key = entry.key
+        entry.progress.left_promoted = entry.promoted
         return entry.progress
 
     def remove(self, request_id: str, iteration: int, now_s: float) -> None:
@@ -109,9 +112,13 @@ class WaitingQueue:
     def _leave(self, entry: _Entry, iteration: int, now_s: float) -> None:
         entry.live = False
         del self._entries[entry.progress.request_id]
+        if entry.promoted:
+            self._promoted_live -= 1
         if not entry.counted:
+            entry.progress.counter = 0.0
             return
         waited = self._clock(iteration, now_s) - entry.since
+        entry.progress.counter = waited
         if self.policy.starvation.clock is StarvationClock.SECONDS:
             entry.progress.waited_s = waited
         else:
@@ -122,6 +129,17 @@ class WaitingQueue:
         promoted = [e.progress for _, _, e in sorted(self._promoted) if e.live]
         rest = sorted((k, s, e) for k, s, e in self._heap if e.live and not e.promoted)
         return iter(promoted + [e.progress for _, _, e in rest])
+
+    def head_key(self) -> float | None:
+        """The lowest key among waiting requests outside the promoted lane (None if there are none):
+        what the event trace records so that an audit can see no better-ranked request was passed over."""
+        while self._heap and not (self._heap[0][2].live and not self._heap[0][2].promoted):
+            heapq.heappop(self._heap)
+        return self._heap[0][0] if self._heap else None
+
+    @property
+    def promoted_waiting(self) -> int:
+        return self._promoted_live
 
     # --- starvation -------------------------------------------------------------------
 
@@ -145,6 +163,7 @@ class WaitingQueue:
             if clock - entry.since < threshold - _CLOCK_SLACK:
                 break
             heapq.heappop(self._by_start)
+            entry.progress.counter = clock - entry.since
             entry.promoted = True
             entry.progress.promoted = True
             if self.policy.starvation.for_life:
@@ -196,10 +215,15 @@ class WaitingQueue:
         self._heap = []
         for entry in self._entries.values():
             if not entry.promoted:
-                entry.key = self.policy.queue_key(entry.progress, load)
+                entry.key = self._key(entry.progress, load)
                 self._heap.append((entry.key, self._next_sequence(), entry))
         heapq.heapify(self._heap)
         return True
+
+    def _key(self, progress: RequestProgress, load: EngineLoad) -> float:
+        progress.key_basis = KeyBasis(load, progress.segment_index, progress.context_tokens,
+                                      progress.computed_tokens, progress.generated, progress.strategy)
+        return self.policy.queue_key(progress, load)
 
     def _push_heap(self, entry: _Entry) -> None:
         heapq.heappush(self._heap, (entry.key, self._next_sequence(), entry))
@@ -211,6 +235,7 @@ class WaitingQueue:
     def _push_promoted(self, entry: _Entry, first: bool = False) -> None:
         """Promoted requests run in promotion order, or by arrival when promotion is for life."""
         entry.promoted = True
+        self._promoted_live += 1
         if self.policy.starvation.for_life:
             rank = entry.progress.order_s
         else:

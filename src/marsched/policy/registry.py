@@ -43,12 +43,20 @@ STARVATION_VARIANTS: dict[str, StarvationConfig] = {
 DEFAULT_STARVATION = "age"
 
 
+def named_rules(name: str) -> tuple[Order, StrategyRule, Strategy | None]:
+    """A named policy's queue order, strategy rule and fixed strategy (what an audit checks)."""
+    if name not in _NAMED:
+        raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICY_NAMES)}")
+    return _NAMED[name][:3]
+
+
 def starvation_variant(config: StarvationConfig) -> str:
     """The named variant a starvation rule comes from (its threshold aside), or "custom"."""
+    def rules(c: StarvationConfig) -> tuple:  # everything but the threshold (a replace() could be invalid)
+        return (c.quantum, c.clock, c.counts, c.protection, c.for_life, c.threshold is None)
+
     for name, variant in STARVATION_VARIANTS.items():
-        if replace(variant, threshold=config.threshold) == config and (variant.threshold is None) == (
-            config.threshold is None
-        ):
+        if rules(variant) == rules(config):
             return name
     return "custom"
 STARVATION_NAMES: tuple[str, ...] = tuple(STARVATION_VARIANTS)
@@ -124,3 +132,4 @@ def parse_threshold(text: str) -> float | None:
     if not (value > 0 and math.isfinite(value)):
         raise ValueError(f"starvation threshold {text!r}: give a positive number or 'off'")
     return value
+

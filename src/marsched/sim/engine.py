@@ -25,11 +25,12 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from marsched.metrics.records import RequestRecord
-from marsched.metrics.trace import EventTrace
+from marsched.metrics.trace import QUEUE_AFTER, RESUME_QUEUE, SCHEMA_VERSION, EventTrace
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.queue import WaitingQueue
+from marsched.policy.trace_fields import declaration, key_basis
 from marsched.policy.strategy import Strategy
 from marsched.sim.isolated import isolated_latency
 from marsched.sim.link import HostLink, Transfer
@@ -48,6 +49,12 @@ class Phase(str, Enum):
     SWAPPED = "swapped"  # call returned, KV in host memory, in the queue for swap-in
     SWAPPING_IN = "swapping-in"
     FINISHED = "finished"
+
+
+_QUEUE_OF_PHASE = {
+    Phase.WAITING: "waiting", Phase.RUNNING: "running", Phase.PAUSED: "paused", Phase.SWAPPED: "swapped",
+    Phase.SWAPPING_IN: "running", Phase.FINISHED: "finished",
+}
 
 
 @dataclass(slots=True, eq=False)
@@ -132,6 +139,10 @@ class Simulator:
     def run(self) -> SimResult:
         started = time.perf_counter()
         total = len(self.pending)
+        if self.trace.enabled:
+            self._emit("run", None, schema_version=SCHEMA_VERSION, engine="sim", policy=declaration(self.policy),
+                       device_blocks=self.device.capacity, host_blocks=self.host.capacity,
+                       block_tokens=self.block_tokens)
         while len(self.records) < total:
             self._take_arrivals()
             self._take_returns()
@@ -149,6 +160,7 @@ class Simulator:
                 self.on_step(self)
             if self.on_progress:
                 self.on_progress(len(self.records), total)
+        self._emit("end", None, requests=len(self.records))
         return SimResult(self.records, self.iteration, self.steps, self.now, time.perf_counter() - started)
 
     def load(self) -> EngineLoad:
@@ -168,8 +180,9 @@ class Simulator:
             progress = RequestProgress(request, order_s=request.arrival_s)
             sim_request = SimRequest(progress, wait_since_s=self.now)
             self.live[request.request_id] = sim_request
-            self.trace.emit("arrive", self.now, request.request_id,
-                            prompt_tokens=request.prompt_tokens, segments=len(request.segments))
+            # Taken in at the iteration boundary (`t`); `arrival_s` is when the request arrived.
+            self._emit("arrive", sim_request, arrival_s=request.arrival_s,
+                       prompt_tokens=request.prompt_tokens, segments=len(request.segments))
             self._start_segment(sim_request)
             self.queue.push(progress, self.load(), self.iteration)
 
@@ -181,9 +194,24 @@ class Simulator:
             self._emit_assignment(sim_request, progress.assignments[-1])
 
     def _emit_assignment(self, sim_request: SimRequest, assignment: StrategyAssignment) -> None:
-        self.trace.emit("assign_strategy", self.now, sim_request.rid, segment=assignment.segment_index,
-                        strategy=assignment.strategy.value, reason=assignment.reason,
-                        context_tokens=assignment.context_tokens, api_s=assignment.api_s)
+        self._emit("assign_strategy", sim_request, segment=assignment.segment_index,
+                   queue=_QUEUE_OF_PHASE[sim_request.phase], strategy=assignment.strategy.value,
+                   reason=assignment.reason, context_tokens=assignment.context_tokens, api_s=assignment.api_s)
+
+    def _emit(self, event: str, sim_request: SimRequest | None, t: float | None = None, **fields) -> None:
+        """One trace event with the fields every event carries (`metrics/trace.schema.json`)."""
+        if not self.trace.enabled:
+            return
+        common = {"iteration": self.iteration}
+        if sim_request is not None:
+            common["segment"] = sim_request.progress.segment_index
+            queue = QUEUE_AFTER.get(event) or RESUME_QUEUE.get(fields.get("where"))
+            if queue is not None:
+                common["queue"] = queue.value
+        common.update(fields)
+        common["kv_device_blocks"] = self.device.used
+        common["kv_host_blocks"] = self.host.used
+        self.trace.emit(event, self.now if t is None else t, sim_request.rid if sim_request else None, **common)
 
     def _take_returns(self) -> None:
         while self._calls and self._calls[0][0] <= self.now:
@@ -201,8 +229,7 @@ class Simulator:
             sim_request.transfer = None
             self.host.release(sim_request.host_blocks)
             sim_request.host_blocks = 0
-        self.trace.emit("api_end", self.now, sim_request.rid, segment=progress.segment_index,
-                        return_tokens=call.return_tokens)
+        self._emit("api_end", sim_request, return_tokens=call.return_tokens)
         if progress.in_last_segment:
             self._finish(sim_request)
             return
@@ -222,7 +249,7 @@ class Simulator:
                 progress.order_s = self.now
             sim_request.wait_since_s = self.now
             self.queue.push(progress, self.load(), self.iteration)
-        self.trace.emit("resume", self.now, sim_request.rid, segment=progress.segment_index, where=where)
+        self._emit("resume", sim_request, where=where)
 
     def _reconsider_paused(self) -> None:
         if not self.paused_preserved:
@@ -239,7 +266,7 @@ class Simulator:
 
     def _promote_starving(self) -> None:
         for progress in self.queue.promote_starving(self.iteration, self.now):
-            self.trace.emit("promote", self.now, progress.request_id, counter=self.policy.starvation.threshold)
+            self._emit("promote", self.live[progress.request_id], counter=progress.counter)
 
     # --- scheduling -------------------------------------------------------------------
 
@@ -316,8 +343,11 @@ class Simulator:
         progress.ran_before = True
         if progress.promoted or progress.elder:
             self.policy.protect(progress, self.iteration)
-        self.trace.emit("admit", self.now, sim_request.rid, segment=sim_request.progress.segment_index,
-                        prefill_tokens=prefill_tokens, wait_s=wait)
+        if self.trace.enabled:  # the key basis is built only for a trace
+            prediction = progress.predictions[progress.segment_index]
+            self._emit("admit", sim_request, prefill_tokens=prefill_tokens, wait_s=wait, score=progress.left_key,
+                       promoted=progress.left_promoted, counter=progress.counter, key_basis=key_basis(progress),
+                       predicted_output_tokens=prediction.output_tokens, predicted_api_s=prediction.api_duration_s)
 
     def _fits(self, sim_request: SimRequest, tokens: int) -> bool:
         needed = blocks_for(sim_request.progress.computed_tokens + tokens, self.block_tokens) - sim_request.device_blocks
@@ -342,10 +372,9 @@ class Simulator:
 
     def _preempt(self, sim_request: SimRequest) -> None:
         progress = sim_request.progress
-        self.trace.emit("preempt", self.now, sim_request.rid, segment=progress.segment_index,
-                        strategy=progress.strategy.value if progress.strategy else None,
-                        freed_blocks=sim_request.device_blocks)
         self.device.release(sim_request.device_blocks)
+        self._emit("preempt", sim_request, strategy=progress.strategy.value if progress.strategy else None,
+                   freed_blocks=sim_request.device_blocks)
         sim_request.device_blocks = 0
         progress.computed_tokens = 0
         sim_request.preemptions += 1
@@ -378,9 +407,10 @@ class Simulator:
         self.steps += 1
         end = self.now + iterations * dt
         if self.trace.enabled:
-            self.trace.emit("schedule", self.now, iteration=self.iteration, iterations=iterations,
-                            batch=len(batch), tokens=tokens, dt_s=dt,
-                            free_blocks=self.device.free, host_free_blocks=self.host.free)
+            head = self.queue.head_key()
+            self._emit("schedule", None, iterations=iterations, batch=len(batch), tokens=tokens, dt_s=dt,
+                       free_blocks=self.device.free, host_free_blocks=self.host.free, waiting=len(self.queue),
+                       next_score=head)
         finished_segment: list[SimRequest] = []
         for sim_request, n in batch:
             progress = sim_request.progress
@@ -460,13 +490,13 @@ class Simulator:
             sim_request: SimRequest = transfer.owner
             sim_request.transfer = None
             self.device.release(sim_request.device_blocks)
-            self.trace.emit("swap_out", self.now + seconds, sim_request.rid, blocks=sim_request.device_blocks)
+            self._emit("swap_out", sim_request, self.now + seconds, blocks=sim_request.device_blocks)
             sim_request.device_blocks = 0
         for transfer in self.link_in.advance(seconds):
             sim_request = transfer.owner
             sim_request.transfer = None
             self.host.release(sim_request.host_blocks)
-            self.trace.emit("swap_in", self.now + seconds, sim_request.rid, blocks=sim_request.host_blocks)
+            self._emit("swap_in", sim_request, self.now + seconds, blocks=sim_request.host_blocks)
             sim_request.host_blocks = 0
             sim_request.phase = Phase.RUNNING
             self.running.append(sim_request)
@@ -493,9 +523,8 @@ class Simulator:
         sim_request.strategies_run.append(strategy.value)
         context_tokens = progress.computed_tokens  # before a Discard frees it
         self._apply_call_strategy(sim_request, strategy)
-        self.trace.emit("api_start", self.now, sim_request.rid, segment=progress.segment_index,
-                        strategy=progress.strategy.value, context_tokens=context_tokens,
-                        duration_s=call.duration_s)
+        self._emit("api_start", sim_request, strategy=progress.strategy.value, context_tokens=context_tokens,
+                   duration_s=call.duration_s)
         self._sequence += 1
         heapq.heappush(self._calls, (sim_request.api_end_s, self._sequence, sim_request))
 
@@ -505,8 +534,8 @@ class Simulator:
         self.device.release(sim_request.device_blocks)
         sim_request.device_blocks = 0
         progress.computed_tokens = 0
-        self.trace.emit("api_start", self.now, sim_request.rid, segment=progress.segment_index,
-                        strategy=None, context_tokens=progress.context_tokens, duration_s=progress.segment.api.duration_s)
+        self._emit("api_start", sim_request, strategy=None, context_tokens=progress.context_tokens,
+                   duration_s=progress.segment.api.duration_s)
         self._sequence += 1
         heapq.heappush(self._calls, (sim_request.api_end_s, self._sequence, sim_request))
 
@@ -550,7 +579,7 @@ class Simulator:
             strategies=tuple(sim_request.strategies_run),
         )
         self.records.append(record)
-        self.trace.emit("finish", self.now, sim_request.rid, e2e_s=record.e2e_s, ttft_s=record.ttft_s)
+        self._emit("finish", sim_request, e2e_s=record.e2e_s, ttft_s=record.ttft_s)
 
     # --- invariants (for tests and audits) ------------------------------------------
 

@@ -49,6 +49,7 @@ class RankedRequestQueue(RequestQueue):
         self.gating = False  # set by the scheduler around its step
         self._requests: dict[str, Request] = {}
         self._held: Request | None = None
+        self.popped: set[str] = set()  # ids popped since the scheduler last took this set (its admissions)
 
     # --- the scheduler's per-iteration calls ----------------------------------------
 
@@ -72,6 +73,11 @@ class RankedRequestQueue(RequestQueue):
         for request in requests:
             self.add_request(request)
         return True
+
+    def head_key(self) -> float | None:
+        """The lowest key left waiting outside the promoted lane, for the event trace."""
+        self._unhold()
+        return self.queue.head_key()
 
     def starvation_counter(self, request_id: str) -> int:
         return self.queue.starvation_counter(request_id, self._iteration(), self._now())
@@ -108,6 +114,7 @@ class RankedRequestQueue(RequestQueue):
         request = self.peek_request()
         self._held = None
         del self._requests[request.request_id]
+        self.popped.add(request.request_id)
         return request
 
     def remove_request(self, request: Request) -> None:

@@ -50,6 +50,8 @@ from marsched.vllm.kv_swap import HostSwapConnector, SwapMeta
 from marsched.vllm.metadata import MetadataError, PlannedSegment, decode, workload_request
 from marsched.vllm.ranked_queue import RankedRequestQueue
 from marsched.vllm.trace import open_trace
+from marsched.metrics.trace import QUEUE_AFTER, RESUME_QUEUE, SCHEMA_VERSION
+from marsched.policy.trace_fields import declaration, key_basis
 from marsched.workload.model import ApiCall, ApiType
 
 logger = init_logger(__name__)
@@ -119,6 +121,11 @@ class MarsSchedulerMixin:
                                           time.monotonic, self._admits, on_fault=self._fail)
         self._swapper = self.connector if isinstance(self.connector, HostSwapConnector) else None
         _LIVE.append(weakref.ref(self))
+        block_tokens = self.cache_config.block_size
+        self._emit("run", None, schema_version=SCHEMA_VERSION, engine="vllm", policy=declaration(self.mars_policy),
+                   device_blocks=self.kv_cache_manager.block_pool.num_gpu_blocks - 1,
+                   host_blocks=self.mars_config.host_swap_tokens // block_tokens if self._swapper else 0,
+                   block_tokens=block_tokens)
 
     # --- state the policy reads -------------------------------------------------------
 
@@ -179,7 +186,8 @@ class MarsSchedulerMixin:
                 self._swapper.snapshot_dirty = True
         if self.mars_trace.enabled:
             try:
-                self.mars_trace.emit(event, time.monotonic(), tracked.rid if tracked else None, **fields)
+                self.mars_trace.emit(event, time.monotonic(), tracked.rid if tracked else None,
+                                     **self._common_fields(event, tracked, fields))
             except (OSError, ValueError) as error:  # a full disk must not stop the engine: stop tracing
                 logger.error("marsched: writing the event trace failed (%s); tracing stops here", error)
                 broken, self.mars_trace = self.mars_trace, open_trace(None)
@@ -188,9 +196,24 @@ class MarsSchedulerMixin:
                 except OSError:
                     pass
 
-    def _emit_assignments(self, tracked: Tracked, since: int) -> None:
+    def _common_fields(self, event: str, tracked: Tracked | None, fields: dict[str, Any]) -> dict[str, Any]:
+        """The fields every event carries (`metrics/trace.schema.json`), then the event's own."""
+        common: dict[str, Any] = {"iteration": self._iteration}
+        if tracked is not None:
+            common["segment"] = tracked.progress.segment_index
+            queue = QUEUE_AFTER.get(event) or RESUME_QUEUE.get(fields.get("where"))
+            if queue is not None:
+                common["queue"] = queue.value
+        common.update(fields)
+        pool = self.kv_cache_manager.block_pool
+        common["kv_device_blocks"] = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()  # less the null block
+        host_tokens = self._swapper.host_tokens_used if self._swapper is not None else 0
+        common["kv_host_blocks"] = -(-host_tokens // self.cache_config.block_size)
+        return common
+
+    def _emit_assignments(self, tracked: Tracked, since: int, queue: str = "paused") -> None:
         for a in tracked.progress.assignments[since:]:
-            self._emit("assign_strategy", tracked, segment=a.segment_index, strategy=a.strategy.value,
+            self._emit("assign_strategy", tracked, segment=a.segment_index, queue=queue, strategy=a.strategy.value,
                        reason=a.reason, context_tokens=a.context_tokens, api_s=a.api_s)
 
     # --- arrival and segments ---------------------------------------------------------
@@ -222,8 +245,7 @@ class MarsSchedulerMixin:
         override = meta.strategy if meta and self.mars_config.allow_request_strategy else None
         tracked = Tracked(progress, rid, request.num_prompt_tokens, plan, now, now, override)
         self._tracked[request.request_id] = tracked
-        self._emit("arrive", tracked, prompt_tokens=request.num_prompt_tokens, segments=len(plan),
-                   iteration=self._iteration)
+        self._emit("arrive", tracked, arrival_s=now, prompt_tokens=request.num_prompt_tokens, segments=len(plan))
         self._sync(tracked, request)
         self._start_segment(tracked)
 
@@ -239,7 +261,8 @@ class MarsSchedulerMixin:
                                                progress.context_tokens + prediction.output_tokens,
                                                prediction.api_duration_s, "request"))
         tracked.predictions[index] = progress.predictions[index]
-        self._emit_assignments(tracked, before)
+        # At arrival the request waits; at a later segment's start its call has just returned.
+        self._emit_assignments(tracked, before, "waiting" if index == 0 else "paused")
 
     # --- calls ------------------------------------------------------------------------
 
@@ -423,7 +446,7 @@ class MarsSchedulerMixin:
         self._reconsider_paused()
         for progress in self.waiting.promote_starving(self._iteration):
             tracked = self._tracked.get(progress.request_id)
-            self._emit("promote", tracked, counter=self.mars_policy.starvation.threshold, iteration=self._iteration)
+            self._emit("promote", tracked, counter=progress.counter)
         refreshed = self.waiting.refresh(self._load(), self._iteration)
         self._order_running(refreshed)
         before = {r.request_id for r in self.running}
@@ -474,6 +497,7 @@ class MarsSchedulerMixin:
     def _after_schedule(self, output: Any, before: set[str]) -> None:
         now = time.monotonic()
         load = None
+        popped, self.waiting.popped = self.waiting.popped, set()
         for request in self.running:
             rid = request.request_id
             if rid in before:
@@ -494,8 +518,15 @@ class MarsSchedulerMixin:
                 tracked.victim_key = self.mars_policy.victim_key(progress, load)
             except Exception as error:  # noqa: BLE001
                 self._fail(request, error, "admission")
-            self._emit("admit", tracked, segment=progress.segment_index, iteration=self._iteration,
-                       prefill_tokens=output.num_scheduled_tokens.get(rid, 0), wait_s=now - tracked.wait_since_t)
+            if rid not in popped:
+                continue  # a preserved request resuming (vLLM's kv_holding_waiting): it held its KV, not queued
+            prediction = progress.predictions[progress.segment_index]
+            self._emit("admit", tracked, prefill_tokens=output.num_scheduled_tokens.get(rid, 0),
+                       wait_s=now - tracked.wait_since_t, score=progress.left_key, promoted=progress.left_promoted,
+                       counter=progress.counter,
+                       key_basis=key_basis(progress) if self.mars_trace.enabled else None,
+                       predicted_output_tokens=prediction.output_tokens,
+                       predicted_api_s=prediction.api_duration_s)
         meta = getattr(output, "kv_connector_metadata", None)
         if isinstance(meta, SwapMeta):
             self._swapper.snapshot_dirty = False
@@ -514,6 +545,12 @@ class MarsSchedulerMixin:
                     self._swap_inflight[rid] = (output, len(ids))
             for rid, ids, _ in meta.swap_in:
                 self._emit("swap_in", self._tracked.get(rid), blocks=len(ids))
+        tokens = output.total_num_scheduled_tokens
+        if self.mars_trace.enabled and tokens:
+            pool = self.kv_cache_manager.block_pool
+            self._emit("schedule", None, iterations=1, batch=len(output.num_scheduled_tokens), tokens=tokens,
+                       free_blocks=pool.get_num_free_blocks(), waiting=len(self.waiting),
+                       next_score=self.waiting.head_key())
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         result = super().update_from_output(scheduler_output, model_runner_output)
@@ -652,6 +689,10 @@ class MarsSchedulerMixin:
         try:
             super().shutdown()
         finally:
+            try:
+                self._emit("end", None, requests=len(self._done))
+            except Exception:  # noqa: BLE001 - vLLM's state may be gone at shutdown; the trace just ends
+                logger.exception("marsched: writing the trace's end event failed")
             self.mars_trace.close()
 
     # --- inspection (MarsWorkerExtension, tests) --------------------------------------

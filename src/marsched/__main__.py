@@ -1,0 +1,5 @@
+"""`python -m marsched`: the `marsched` command."""
+
+from marsched.cli import app
+
+app()

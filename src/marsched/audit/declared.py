@@ -1,0 +1,64 @@
+"""What a trace's `run` event declares: the engine, the policy's rules and the capacities.
+
+The order and the strategy rule come from the policy the trace is audited as (`--policy`,
+by default the one it declares); the starvation rule is always the declared one, so that a
+run is held to the variant it ran under, a redesign included.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from marsched.audit.reader import Line, TraceReadError
+from marsched.audit.keys import RECOMPUTED, key_policy
+from marsched.policy.policy import Order, Policy, StarvationClock, StarvationCount, StrategyRule
+from marsched.policy.registry import named_rules
+from marsched.policy.strategy import Strategy
+
+
+@dataclass(frozen=True, slots=True)
+class Starvation:
+    threshold: float | None  # None: off
+    clock: StarvationClock
+    counts: StarvationCount
+    for_life: bool
+    variant: str
+
+    @property
+    def enabled(self) -> bool:
+        return self.threshold is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Declared:
+    engine: str
+    declared_policy: str  # as the trace says
+    policy: str  # as audited
+    order: Order
+    rule: StrategyRule
+    fixed: Strategy | None
+    starvation: Starvation
+    device_blocks: int
+    host_blocks: int
+    key_policy: Policy | None  # recomputes ranking keys; None: the order's keys are times, or no cost model
+
+
+def declared(path: str, run: Line, policy: str | None) -> Declared:
+    """Read the `run` event; `policy` (a named policy) overrides the declared order and rule."""
+    event = run.event
+    try:
+        p = event["policy"]
+        s = p["starvation"]
+        starvation = Starvation(s["threshold"], StarvationClock(s["clock"]), StarvationCount(s["counts"]),
+                                bool(s["for_life"]), str(s.get("variant", "custom")))
+        if policy is None:
+            order, rule = Order(p["order"]), StrategyRule(p["rule"])
+            fixed = Strategy(p["fixed_strategy"]) if p["fixed_strategy"] else None
+        else:
+            order, rule, fixed = named_rules(policy)
+        name = policy or str(p["name"])
+        keys = key_policy(name, p) if order in RECOMPUTED else None
+        return Declared(str(event["engine"]), str(p["name"]), name, order, rule, fixed,
+                        starvation, int(event["device_blocks"]), int(event["host_blocks"]), keys)
+    except (KeyError, TypeError, ValueError) as error:
+        raise TraceReadError(path, run.number, f"run event: policy declaration unreadable ({error})") from None
