@@ -19,7 +19,8 @@ FIELDS = {
     "arrive": {"prompt_tokens", "segments"},
     "assign_strategy": {"segment", "strategy", "reason", "context_tokens", "api_s"},
     "admit": {"segment", "prefill_tokens", "wait_s"},
-    "schedule": {"iteration", "iterations", "batch", "tokens", "dt_s", "free_blocks", "host_free_blocks"},
+    "schedule": {"iteration", "iterations", "batch", "tokens", "context_tokens", "dt_s", "span_s", "free_blocks",
+                 "host_free_blocks"},
     "preempt": {"segment", "strategy", "freed_blocks"},
     "api_start": {"segment", "strategy", "context_tokens", "duration_s"},
     "swap_out": {"blocks"},
@@ -60,7 +61,8 @@ def _check(policy, profile):
             assert rid is None
             assert event["iteration"] == iterations[0] == sim.iteration
             iterations[0] += event["iterations"]
-            assert event["dt_s"] == pytest.approx(COST.iteration_time(event["tokens"]))
+            assert event["dt_s"] == pytest.approx(COST.iteration_time(event["tokens"], event["context_tokens"], event["batch"]))
+            assert event["context_tokens"] == sum(r.progress.computed_tokens for r in sim.running) + event["tokens"]
             assert 1 <= event["batch"] <= event["tokens"]
             assert (event["free_blocks"], event["host_free_blocks"]) == (sim.device.free, sim.host.free)
             assert event["t"] == sim.now

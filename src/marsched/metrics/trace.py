@@ -8,7 +8,7 @@ Events and their extra fields:
 | arrive | prompt_tokens, segments |
 | assign_strategy | segment, strategy, reason (ahead, at-call, reconsidered, fixed, host-full), context_tokens, api_s |
 | admit | segment, prefill_tokens, wait_s (the request leaves the queue and gets device blocks) |
-| schedule | iteration, iterations (>1 when identical decode iterations are run together), batch, tokens, dt_s, free_blocks, host_free_blocks |
+| schedule | iteration, iterations (>1 when identical decode iterations are run together), batch, tokens, context_tokens (KV tokens the first iteration reads), dt_s (the first iteration's time), span_s (all the iterations' time; each decode iteration reads batch more tokens than the one before), free_blocks, host_free_blocks |
 | preempt | segment, strategy, freed_blocks |
 | api_start | segment, strategy (null for a trailing call, whose KV is freed at the call), context_tokens (at the call), duration_s |
 | swap_out | blocks (transfer finished; device blocks freed) |
