@@ -114,11 +114,22 @@ _SCENARIOS = {
 }
 
 
+# Reads dominate: H and G read 100-200 tokens a step at 20 µs each on a 1 ms fixed cost, so each step
+# is about 1% longer than the one before; counting a stretch as N·dt would run an iteration past the
+# next arrival (X finish within two steps, so the arrivals are what ends each stretch).
+_HEAVY = CostModel(seconds_per_token=0.0, seconds_per_iteration=0.001, token_budget=128, swap_tokens_per_s=20_000,
+                   seconds_per_context_token=2e-5, seconds_per_sequence=1e-4)
+_SCENARIOS["arrivals, heavy reads"] = (
+    lambda: [single("H", 0.0, 60, 80), single("G", 0.0, 90, 70)] + [single(f"X{i}", 0.05 + 0.0731 * i, 10, 2)
+                                                                     for i in range(6)],
+    Profile("heavy", "test engine, reads dominate", 1.0, 64, 64, 16, _HEAVY), "preserve", "arrive")
+
+
 @pytest.mark.parametrize("scenario", list(_SCENARIOS))
 def test_fast_forward_with_growing_iterations_matches_one_at_a_time(scenario):
     workload, profile, policy, event = _SCENARIOS[scenario]
-    _, fast, fast_events = _run(workload(), make_policy(policy, COST), profile)
-    _, slow, slow_events = _run(workload(), make_policy(policy, COST), profile, simulator=_OneIterationAtATime)
+    _, fast, fast_events = _run(workload(), make_policy(policy, profile.cost), profile)
+    _, slow, slow_events = _run(workload(), make_policy(policy, profile.cost), profile, simulator=_OneIterationAtATime)
     assert fast.steps < fast.iterations and slow.steps == slow.iterations
     assert any(e["event"] == event for e in fast_events)
     assert fast.iterations == slow.iterations
