@@ -20,7 +20,8 @@ def test_gptj_profile_derives_its_capacity_and_link_from_the_model_shape():
     assert (p.block_tokens, p.device_blocks, p.device_tokens) == (64, 814, 52_096)
     assert (p.host_blocks, p.host_tokens) == (1089, 1089 * 64)  # 32 GB of host memory
     assert p.cost.swap_tokens_per_s == pytest.approx(25e9 / 458_752)
-    assert (p.cost.seconds_per_token, p.cost.seconds_per_iteration, p.cost.token_budget) == (0.0463e-3, 0.010, 384)
+    assert (p.cost.seconds_per_token, p.cost.seconds_per_iteration, p.cost.token_budget) == (0.0408e-3, 0.01692, 384)
+    assert (p.cost.seconds_per_context_token, p.cost.seconds_per_sequence) == pytest.approx((0.8e-6, 0.1e-3))
     assert p.name == "gptj-6b-a100" and "GPT-J" in p.description
 
 

@@ -123,15 +123,15 @@ def marsched(*args):
 
 def test_regime_command_writes_cells_records_and_heat_map(tmp_path):
     out, plot = tmp_path / "map.json", tmp_path / "map.png"
-    run = marsched("regime", "--trace", "single", "--qps", "4,16", "--kv-scale", "0.25,1", "--api-time-scale", "1",
+    run = marsched("regime", "--trace", "single", "--qps", "2,16", "--kv-scale", "0.25,1", "--api-time-scale", "1",
                    "--duration", "20", "--workers", "1", "--json", str(out), "--plot", str(plot))
     assert run.returncode == 0, run.stderr
     document = json.loads(out.read_text())
     assert document["trace"] == "single" and document["duration_s"] == 20
     assert len(document["cells"]) == 4 and len(document["records"]) == 8
-    assert {(c["qps"], c["kv_scale"]) for c in document["cells"]} == {(4, 0.25), (4, 1), (16, 0.25), (16, 1)}
+    assert {(c["qps"], c["kv_scale"]) for c in document["cells"]} == {(2, 0.25), (2, 1), (16, 0.25), (16, 1)}
     assert all(c["regime"] in ("light", "saturated", "overloaded") for c in document["cells"])
-    light = next(c for c in document["cells"] if (c["qps"], c["kv_scale"]) == (4, 1))
+    light = next(c for c in document["cells"] if (c["qps"], c["kv_scale"]) == (2, 1))
     assert light["regime"] == "light" and light["mean_ratio"] == pytest.approx(1, abs=0.01)
     assert plot.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     assert "[8/8]" in run.stderr  # progress, one line per run

@@ -24,7 +24,7 @@ FIELDS = {
     "assign_strategy": REQUEST | {"strategy", "reason", "context_tokens", "api_s"},
     "admit": REQUEST | {"prefill_tokens", "wait_s", "score", "promoted", "counter", "key_basis", "predicted_output_tokens",
                         "predicted_api_s"},
-    "schedule": COMMON | {"iterations", "batch", "tokens", "dt_s", "free_blocks", "host_free_blocks", "waiting",
+    "schedule": COMMON | {"iterations", "batch", "tokens", "context_tokens", "dt_s", "span_s", "free_blocks", "host_free_blocks", "waiting",
                           "next_score"},
     "preempt": REQUEST | {"strategy", "freed_blocks"},
     "api_start": REQUEST | {"strategy", "context_tokens", "duration_s"},
@@ -76,7 +76,8 @@ def _check(policy, profile):
             head = sim.queue.head_key()
             assert event["waiting"] == len(sim.queue) and event["next_score"] == head
             iterations[0] += event["iterations"]
-            assert event["dt_s"] == pytest.approx(COST.iteration_time(event["tokens"]))
+            assert event["dt_s"] == pytest.approx(COST.iteration_time(event["tokens"], event["context_tokens"], event["batch"]))
+            assert event["context_tokens"] == sum(r.progress.computed_tokens for r in sim.running) + event["tokens"]
             assert 1 <= event["batch"] <= event["tokens"]
             assert (event["free_blocks"], event["host_free_blocks"]) == (sim.device.free, sim.host.free)
             assert event["t"] == sim.now

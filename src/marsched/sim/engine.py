@@ -6,13 +6,16 @@ refreshed; then the batch is built under the token budget (running requests firs
 preempting the lowest-ranked unprotected one when blocks run out; then queued
 requests in the policy's order until one does not fit or the policy's admission rule
 refuses it), and it runs for
-`c + a·tokens` seconds while the host link moves swaps beside it.
+`c + a·tokens + b·context_tokens + d·sequences` seconds (the cost model's terms: new tokens,
+KV tokens read by the batch's sequences, sequences) while the host link moves swaps beside it.
 
 When the next iteration is bound to be the same as this one (every running request
 decoding, nothing admitted or preempted, no event due), the engine runs the
 identical iterations in one go up to the next event: the next arrival, call return,
 transfer completion, segment end, starvation promotion, or the point where decode
-growth would need more blocks than are free. The result is the same as one at a time.
+growth would need more blocks than are free. The iterations are alike but for their
+time: each reads one more context token per sequence than the one before, so the
+stretch lasts an arithmetic series, summed exactly. The result is the same as one at a time.
 """
 
 from __future__ import annotations
@@ -40,6 +43,42 @@ from marsched.workload.model import Request
 
 
 _TAU_KEEP = 0.99  # τ, the iteration time rankings use, is a moving average over about 100 iterations
+
+
+def _series(first: float, growth: float, iterations: int) -> float:
+    """The time of `iterations` iterations, the first taking `first` and each next `growth` longer."""
+    return iterations * first + growth * iterations * (iterations - 1) / 2
+
+
+def _iterations_to_reach(seconds: float, first: float, growth: float) -> int:
+    """The fewest iterations (at least 1) whose series reaches `seconds`: the last one starts before it.
+
+    An event `seconds` ahead is due at the start of the iteration after that, as when stepping one
+    at a time. The tolerance, a billionth of an iteration, keeps an event that falls exactly on an
+    iteration boundary on that boundary despite rounding.
+    """
+    target = seconds - 1e-9 * first
+    if growth == 0.0:
+        return max(math.ceil(target / first), 1)
+    # Solve growth/2·n² + (first − growth/2)·n = target for n, then settle the integer by checking.
+    half = first - growth / 2
+    n = max(math.ceil((-half + math.sqrt(half * half + 2 * growth * max(target, 0.0))) / growth), 1)
+    while n > 1 and _series(first, growth, n - 1) >= target:
+        n -= 1
+    while _series(first, growth, n) < target:
+        n += 1
+    return n
+
+
+def _moving_average(tau: float, first: float, growth: float, iterations: int) -> float:
+    """τ after `iterations` updates `τ ← k·τ + (1−k)·dt_i` with `dt_i = first + i·growth`, in closed form."""
+    keep = _TAU_KEEP
+    decay = keep**iterations
+    tau += (first - tau) * (1 - decay)
+    if growth and iterations > 1:
+        # The growth's share: (1−k)·Σ_i i·k^(N−1−i) = (N − 1) − k·(1 − k^(N−1))/(1 − k).
+        tau += growth * ((iterations - 1) - keep * (1 - keep ** (iterations - 1)) / (1 - keep))
+    return tau
 
 
 class Phase(str, Enum):
@@ -123,7 +162,7 @@ class Simulator:
         self.iteration = 0
         self.steps = 0
         self._next_arrival = 0
-        self._tau = self.cost.iteration_time(1)
+        self._tau = self.cost.iteration_time(1, 1, 1)
 
     def _check_fits(self, requests: list[Request]) -> None:
         for request in requests:
@@ -398,19 +437,24 @@ class Simulator:
 
     def _run_batch(self, batch: list[tuple[SimRequest, int]], settled: bool) -> None:
         tokens = sum(n for _, n in batch)
-        dt = self.cost.iteration_time(tokens)
+        # Attention reads each sequence's cached context plus its new tokens (cost_model.py).
+        context_tokens = sum(r.progress.computed_tokens + n for r, n in batch)
+        dt = self.cost.iteration_time(tokens, context_tokens, len(batch))
         iterations = 1
         if settled and len(batch) == len(self.running) and all(
             r.progress.pending_tokens == 1 for r, _ in batch
         ):
             iterations = self._identical_iterations([r for r, _ in batch], dt)
+        # Each decode iteration after the first reads one more token per sequence.
+        growth = self.cost.seconds_per_context_token * len(batch)
+        span = _series(dt, growth, iterations)
         self.steps += 1
-        end = self.now + iterations * dt
+        end = self.now + span
         if self.trace.enabled:
             head = self.queue.head_key()
-            self._emit("schedule", None, iterations=iterations, batch=len(batch), tokens=tokens, dt_s=dt,
-                       free_blocks=self.device.free, host_free_blocks=self.host.free, waiting=len(self.queue),
-                       next_score=head)
+            self._emit("schedule", None, iterations=iterations, batch=len(batch), tokens=tokens,
+                       context_tokens=context_tokens, dt_s=dt, span_s=span, free_blocks=self.device.free,
+                       host_free_blocks=self.host.free, waiting=len(self.queue), next_score=head)
         finished_segment: list[SimRequest] = []
         for sim_request, n in batch:
             progress = sim_request.progress
@@ -428,8 +472,8 @@ class Simulator:
                 if progress.generated >= progress.segment.output_tokens:
                     finished_segment.append(sim_request)
         self.iteration += iterations
-        self._tau += (dt - self._tau) * (1 - _TAU_KEEP**iterations)
-        self._advance_links(iterations * dt)
+        self._tau = _moving_average(self._tau, dt, growth, iterations)
+        self._advance_links(span)
         self.now = end
         for sim_request in finished_segment:
             self._end_segment(sim_request)
@@ -439,7 +483,8 @@ class Simulator:
         limit = min(r.progress.segment.output_tokens - r.progress.generated for r in running)
         seconds = self._seconds_to_next_event()
         if seconds is not None:
-            limit = min(limit, max(math.ceil(seconds / dt - 1e-9), 1))
+            growth = self.cost.seconds_per_context_token * len(running)
+            limit = min(limit, _iterations_to_reach(seconds, dt, growth))
         promotion = self.queue.iterations_to_next_promotion(self.iteration)
         if promotion is not None:
             limit = min(limit, promotion)

@@ -64,6 +64,16 @@ def _number(data: dict, key: str, origin: str, positive: bool = True) -> float:
     return float(value)
 
 
+def _optional_nonnegative(data: dict, key: str, origin: str) -> float:
+    """A cost term that profiles may leave out (0: the term is not modelled), else a number >= 0."""
+    if key not in data:
+        return 0.0
+    value = _number(data, key, origin, positive=False)
+    if value < 0:
+        raise ValueError(f"{origin}: field {key!r} must be >= 0, got {value!r}")
+    return value
+
+
 def profile_from_dict(data: dict, origin: str) -> Profile:
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise ValueError(f"{origin}: a profile is an object with a 'model' object")
@@ -86,6 +96,9 @@ def profile_from_dict(data: dict, origin: str) -> Profile:
         seconds_per_iteration=_number(data, "iteration_ms_fixed", origin) / 1000,
         token_budget=int(_number(data, "token_budget", origin)),
         swap_tokens_per_s=link_bytes_per_s / kv_bytes_per_token,
+        # Optional, so that profiles written for the linear model `c + a·tokens` keep loading.
+        seconds_per_context_token=_optional_nonnegative(data, "iteration_us_per_context_token", origin) / 1e6,
+        seconds_per_sequence=_optional_nonnegative(data, "iteration_ms_per_sequence", origin) / 1000,
     )
     return Profile(
         name=str(data.get("name", origin)),
