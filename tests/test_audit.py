@@ -15,6 +15,7 @@ from marsched.audit import Check, TraceReadError, audit_trace
 from marsched.metrics.trace import TraceFile, read_trace
 from marsched.policy import POLICY_NAMES, StrategyAssignment, WaitingQueue, make_policy
 from marsched.policy.policy import Order, Policy, StrategyRule
+from marsched.policy.ranking import KeyForm
 from marsched.sim.engine import Simulator
 from simhelpers import COST, small_profile
 from test_cli import marsched
@@ -88,13 +89,15 @@ def _subclass(policy: Policy, cls: type[Policy]) -> Policy:
 
 
 class ByArrival(Policy):
-    def queue_key(self, progress, load):  # the classic bug: MARS's queue left in arrival order
-        return progress.order_s if self.order is Order.MEMORY_TIME else Policy.queue_key(self, progress, load)
+    def queue_key_form(self, progress, load):  # the classic bug: MARS's queue left in arrival order
+        if self.order is Order.MEMORY_TIME:
+            return KeyForm(0.0, progress.order_s)
+        return Policy.queue_key_form(self, progress, load)
 
 
 class ByPromptSize(Policy):
-    def queue_key(self, progress, load):
-        return float(progress.request.prompt_tokens)
+    def queue_key_form(self, progress, load):
+        return KeyForm(0.0, float(progress.request.prompt_tokens))
 
 
 @pytest.mark.parametrize("bug", [ByArrival, ByPromptSize])

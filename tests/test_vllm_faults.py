@@ -19,6 +19,7 @@ from marsched.policy import EngineLoad  # noqa: E402
 from marsched.policy.progress import RequestProgress  # noqa: E402
 from marsched.vllm.config import MarsConfig  # noqa: E402
 from marsched.vllm.metadata import ChunkMeta, PlannedSegment, workload_request  # noqa: E402
+from marsched.workload.model import ApiType  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -131,8 +132,12 @@ def test_ranked_queue_refresh_that_fails_for_one_request_rebuilds_from_the_other
     policy = MarsConfig(policy="mars", starvation="off").build_policy(token_budget=2048)
     requests = {rid: Req(rid) for rid in ("a", "b", "x", "c")}
     sizes = {"a": 40, "b": 10, "x": 20, "c": 30}
-    progress = {rid: RequestProgress(workload_request(rid, 8, (PlannedSegment(sizes[rid]),), 0.0), order_s=0.0)
-                for rid in requests}
+    plans = {rid: (PlannedSegment(size),) for rid, size in sizes.items()}
+    # A refresh recomputes in full only keys that follow the running batch (a later call whose
+    # strategy the waste rule picks); the others are re-evaluated from the line found at the push.
+    plans["x"] = (PlannedSegment(20, ApiType.OTHER, 1.0, 4), PlannedSegment(4, ApiType.OTHER, 1.0, 4),
+                  PlannedSegment(4))
+    progress = {rid: RequestProgress(workload_request(rid, 8, plans[rid], 0.0), order_s=0.0) for rid in requests}
     for p in progress.values():
         policy.start_segment(p, EngineLoad(0.0, 0, 0.01, 0))
     faults = []
@@ -144,13 +149,13 @@ def test_ranked_queue_refresh_that_fails_for_one_request_rebuilds_from_the_other
         queue.add_request(request)
     real = type(policy)
 
-    def key(self, p, engine_load):
+    def key_form(self, p, engine_load):
         if p.request_id == "x":
             raise ValueError("injected")
-        return real.queue_key(self, p, engine_load)
+        return real.queue_key_form(self, p, engine_load)
 
     load["tau"] = 0.5  # the load moved: refresh recomputes every key
-    with faulty(policy, queue_key=key):
+    with faulty(policy, queue_key_form=key_form):
         assert queue.refresh(EngineLoad(0.0, 0, 0.5, 0), 5)
     assert faults == ["x"]
     assert [r.request_id for r in queue] == ["b", "c", "a"]  # smallest memory x time first

@@ -1,6 +1,6 @@
 """Scheduling policy: costs, waste per strategy, strategy choice, ranking, starvation, named policies."""
 
-from marsched.policy.admission import Admission
+from marsched.policy.admission import Admission, KvOutlook
 from marsched.policy.cost_model import CostModel
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Order, Policy, StarvationConfig, StrategyRule
@@ -20,6 +20,7 @@ __all__ = [
     "Admission",
     "CostModel",
     "EngineLoad",
+    "KvOutlook",
     "Order",
     "Policy",
     "RankingTerms",

@@ -14,7 +14,7 @@ from marsched.policy.admission import Admission, KvOutlook, predicted_peak_token
 from marsched.policy.cost_model import CostModel
 from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress, StrategyAssignment
-from marsched.policy.ranking import RankingTerms, SegmentOutlook, remaining_area
+from marsched.policy.ranking import KeyForm, RankingTerms, SegmentOutlook, remaining_area_form
 from marsched.policy.strategy import Strategy
 from marsched.policy.waste import call_wastes, cheapest
 from marsched.predict.segment import SegmentPredictor
@@ -217,22 +217,33 @@ class Policy:
         batch (preserved calls, transfers). Always true for greedy admission."""
         if self.admission is Admission.GREEDY or not running:
             return True
-        outlooks = [self.kv_outlook(p) for p in running]
-        outlooks.append(self.kv_outlook(candidate))
+        return self.admits_outlooks(self.kv_outlook(candidate), [self.kv_outlook(p) for p in running],
+                                    other_tokens, capacity_tokens, block_tokens)
+
+    def admits_outlooks(self, candidate: KvOutlook, running: list[KvOutlook], other_tokens: int,
+                        capacity_tokens: int, block_tokens: int) -> bool:
+        """`admits` from outlooks an engine already has (it may keep them for a step)."""
+        if self.admission is Admission.GREEDY or not running:
+            return True
         # A full block per request bounds the partly filled last block: with exact predictions,
         # what is admitted never outgrows the device.
-        peak = predicted_peak_tokens(outlooks, rounding_tokens=block_tokens)
+        peak = predicted_peak_tokens([*running, candidate], rounding_tokens=block_tokens)
         return other_tokens + peak <= capacity_tokens
 
     # --- order ------------------------------------------------------------------------
 
     def queue_key(self, progress: RequestProgress, load: EngineLoad) -> float:
         """Lower runs first."""
+        return self.queue_key_form(progress, load).at(load.iteration_s)
+
+    def queue_key_form(self, progress: RequestProgress, load: EngineLoad) -> KeyForm:
+        """The queue key as a line in the iteration time (`ranking.KeyForm`): valid while the
+        request's progress does not change (and, if it follows the running KV, the load)."""
         if self.order is Order.MEMORY_TIME:
-            return self.memory_time(progress, load)
+            return self.memory_time_form(progress, load)
         if self.order is Order.REMAINING_TOKENS:
-            return float(self.remaining_tokens(progress))
-        return progress.order_s
+            return KeyForm(0.0, float(self.remaining_tokens(progress)))
+        return KeyForm(0.0, progress.order_s)
 
     def victim_key(self, progress: RequestProgress, load: EngineLoad) -> float:
         """Higher is preempted first: the lowest-ranked request."""
@@ -243,7 +254,18 @@ class Policy:
         return max(predictions[0].output_tokens - progress.generated, 1) + sum(p.output_tokens for p in predictions[1:])
 
     def memory_time(self, progress: RequestProgress, load: EngineLoad) -> float:
-        return remaining_area(self.outlook(progress, load), load.iteration_s, self.cost, self.terms)
+        return self.memory_time_form(progress, load).at(load.iteration_s)
+
+    def memory_time_form(self, progress: RequestProgress, load: EngineLoad) -> KeyForm:
+        return remaining_area_form(self.outlook(progress, load), self.cost, self.terms,
+                                   follows_running_kv=self._later_strategies_follow_load(progress))
+
+    def _later_strategies_follow_load(self, progress: RequestProgress) -> bool:
+        """Whether `outlook` picks a later call's strategy by waste (which weighs the running KV)."""
+        if self.rule in (StrategyRule.FIXED, StrategyRule.END_AT_CALL):
+            return False
+        last = len(progress.predictions) - 1
+        return any(progress.predictions[i].has_call for i in range(progress.segment_index + 1, last))
 
     def outlook(self, progress: RequestProgress, load: EngineLoad) -> list[SegmentOutlook]:
         """The current and later segments as the ranking key sees them (see `ranking.py`)."""

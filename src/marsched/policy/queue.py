@@ -2,7 +2,12 @@
 
 Keys are cached at entry and recomputed every `refresh_interval` iterations for orders
 that follow the engine's load (a heapify: O(n), not a sort). Between refreshes,
-pushing and popping cost O(log n).
+pushing and popping cost O(log n). A refresh does not rebuild each request's outlook:
+a waiting request's progress does not change while it waits (engines change it before
+they push it), so its key's line in τ (`KeyForm`), computed at the push, stays valid and
+a refresh evaluates it at the new τ. Only lines that also follow the running batch's KV
+(a later call's strategy chosen by waste) are recomputed in full. The keys are the
+same as a full recomputation's, to the bit.
 
 Starvation counters are kept lazily: a request's counter is the time it has spent in the
 queue since it arrived or was last promoted, across preemptions, in the policy's
@@ -25,6 +30,7 @@ from dataclasses import dataclass, field
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy, StarvationClock
 from marsched.policy.progress import KeyBasis, RequestProgress
+from marsched.policy.ranking import KeyForm
 
 
 # A count this close to the threshold is taken as there: with a seconds clock, float rounding
@@ -35,7 +41,9 @@ _CLOCK_SLACK = 1e-9
 @dataclass(slots=True, eq=False)
 class _Entry:
     progress: RequestProgress
+    form: KeyForm  # the key as a line in τ, from the progress at the push
     key: float
+    load: EngineLoad  # the load `key` was evaluated at (the audit recomputes it from this)
     since: float  # when the starvation count started, in the policy's clock
     counted: bool  # whether its waiting counts towards promotion
     promoted: bool = False
@@ -71,7 +79,8 @@ class WaitingQueue:
         clock = self.policy.starvation.clock
         waited = progress.waited_s if clock is StarvationClock.SECONDS else progress.waited_iterations
         since = self._clock(iteration, load.now_s) - waited
-        entry = _Entry(progress, self._key(progress, load), since, counted)
+        form = self.policy.queue_key_form(progress, load)
+        entry = _Entry(progress, form, form.at(load.iteration_s), load, since, counted)
         self._entries[progress.request_id] = entry
         if progress.elder:
             self._push_promoted(entry)  # promoted for life: ahead of the ranking at every stay
@@ -102,9 +111,13 @@ class WaitingQueue:
         if entry is None:
             return None
         self._leave(entry, iteration, now_s)
-        entry.progress.left_key = entry.key
-        entry.progress.left_promoted = entry.promoted
-        return entry.progress
+        progress = entry.progress
+        progress.left_key = entry.key
+        progress.left_promoted = entry.promoted
+        # A waiting request's state does not change, so its key is the one `entry.load` gives it.
+        progress.key_basis = KeyBasis(entry.load, progress.segment_index, progress.context_tokens,
+                                      progress.computed_tokens, progress.generated, progress.strategy)
+        return progress
 
     def remove(self, request_id: str, iteration: int, now_s: float) -> None:
         self._leave(self._entries[request_id], iteration, now_s)
@@ -211,19 +224,22 @@ class WaitingQueue:
             if change <= self.policy.refresh_tolerance:
                 return False
         self._last_refresh = iteration
-        self._refreshed_at_s = load.iteration_s
-        self._heap = []
+        self._refreshed_at_s = tau = load.iteration_s
+        heap = []
+        sequence = self._sequence
         for entry in self._entries.values():
             if not entry.promoted:
-                entry.key = self._key(entry.progress, load)
-                self._heap.append((entry.key, self._next_sequence(), entry))
-        heapq.heapify(self._heap)
+                form = entry.form
+                if form.follows_running_kv:
+                    form = entry.form = self.policy.queue_key_form(entry.progress, load)
+                entry.key = form.at(tau)
+                entry.load = load
+                sequence += 1
+                heap.append((entry.key, sequence, entry))
+        self._sequence = sequence
+        heapq.heapify(heap)
+        self._heap = heap
         return True
-
-    def _key(self, progress: RequestProgress, load: EngineLoad) -> float:
-        progress.key_basis = KeyBasis(load, progress.segment_index, progress.context_tokens,
-                                      progress.computed_tokens, progress.generated, progress.strategy)
-        return self.policy.queue_key(progress, load)
 
     def _push_heap(self, entry: _Entry) -> None:
         heapq.heappush(self._heap, (entry.key, self._next_sequence(), entry))

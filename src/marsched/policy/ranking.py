@@ -15,6 +15,10 @@ later segments; each term can be switched off for ablations (`RankingTerms`):
 
 τ is the engine's current iteration time. A running request's remaining decode is
 max(L̂ − generated, 1): an under-predicted segment is taken as nearly done.
+
+Only the decode terms depend on τ, linearly, so a key is a line in τ (`KeyForm`): the
+waiting queue keeps each request's line and re-evaluates it when τ moves, instead of
+rebuilding the outlook (a few µs per request, thousands of requests per step).
 """
 
 from __future__ import annotations
@@ -34,9 +38,14 @@ class RankingTerms:
     after_call: bool = True
 
 
-def decode_area(context_tokens: int, decode_tokens: int, iteration_s: float) -> float:
+def decode_weight(context_tokens: int, decode_tokens: int) -> float:
+    """`decode_area` per second of iteration time (token·iterations)."""
     n = max(decode_tokens, 0)
-    return iteration_s * (n * context_tokens + n * (n + 1) / 2)
+    return n * context_tokens + n * (n + 1) / 2
+
+
+def decode_area(context_tokens: int, decode_tokens: int, iteration_s: float) -> float:
+    return iteration_s * decode_weight(context_tokens, decode_tokens)
 
 
 def call_area(strategy: Strategy, context_at_call: int, api_s: float, cost: CostModel) -> float:
@@ -62,16 +71,43 @@ class SegmentOutlook:
     strategy: Strategy | None
 
 
-def remaining_area(outlook: list[SegmentOutlook], iteration_s: float, cost: CostModel, terms: RankingTerms) -> float:
-    area = 0.0
+@dataclass(frozen=True, slots=True)
+class KeyForm:
+    """A ranking key as a line in the iteration time τ: `per_iteration_s · τ + fixed`.
+
+    `follows_running_kv`: the key also depends on the running batch's KV (a later call's
+    strategy is chosen by the waste rule, which weighs the batch), so it is only valid for
+    the load it was computed with.
+    """
+
+    per_iteration_s: float
+    fixed: float
+    follows_running_kv: bool = False
+
+    def at(self, iteration_s: float) -> float:
+        # The one place a key's value is computed: pushes and refreshes agree to the bit.
+        if not self.per_iteration_s:
+            return self.fixed
+        return self.per_iteration_s * iteration_s + self.fixed
+
+
+def remaining_area_form(outlook: list[SegmentOutlook], cost: CostModel, terms: RankingTerms,
+                        follows_running_kv: bool = False) -> KeyForm:
+    """`remaining_area` as a line in τ: the decode terms' weight, and the rest."""
+    per_iteration_s = 0.0
+    fixed = 0.0
     for index, segment in enumerate(outlook):
         if index > 0 and not terms.after_call:
             break
         if terms.prefill and segment.prefill_tokens:
-            area += prefill_area(segment.context_tokens, segment.prefill_tokens, cost)
+            fixed += prefill_area(segment.context_tokens, segment.prefill_tokens, cost)
         if terms.decode:
-            area += decode_area(segment.context_tokens, segment.decode_tokens, iteration_s)
+            per_iteration_s += decode_weight(segment.context_tokens, segment.decode_tokens)
         if terms.call and segment.prediction.has_call and segment.strategy is not None:
             context_at_call = segment.context_tokens + segment.decode_tokens
-            area += call_area(segment.strategy, context_at_call, segment.prediction.api_duration_s, cost)
-    return area
+            fixed += call_area(segment.strategy, context_at_call, segment.prediction.api_duration_s, cost)
+    return KeyForm(per_iteration_s, fixed, follows_running_kv)
+
+
+def remaining_area(outlook: list[SegmentOutlook], iteration_s: float, cost: CostModel, terms: RankingTerms) -> float:
+    return remaining_area_form(outlook, cost, terms).at(iteration_s)

@@ -43,7 +43,7 @@ from vllm.v1.core.sched.async_scheduler import AsyncScheduler
 from vllm.v1.engine import EngineCoreOutput, EngineCoreOutputs, FinishReason
 from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
-from marsched.policy import Admission, EngineLoad, RequestProgress, Strategy, StrategyAssignment
+from marsched.policy import Admission, EngineLoad, KvOutlook, RequestProgress, Strategy, StrategyAssignment
 from marsched.predict import SegmentPrediction
 from marsched.vllm.config import MarsConfig
 from marsched.vllm.kv_swap import HostSwapConnector, SwapMeta
@@ -109,6 +109,7 @@ class MarsSchedulerMixin:
         self._tau = self.mars_policy.cost.iteration_time(1)
         self._last_step_t: float | None = None
         self._running_kv: int | None = None
+        self._outlooks: dict[str, KvOutlook] = {}  # admission's view of requests, this step (`_outlook`)
         self._tracked: dict[str, Tracked] = {}
         self._done: OrderedDict[str, dict[str, Any]] = OrderedDict()
         self._paused_preserved: dict[str, Request] = {}
@@ -158,14 +159,25 @@ class MarsSchedulerMixin:
         return True
 
     def _admits_by_peak(self, request: Request) -> bool:
-        running = [self._progress_of(r) for r in self.running if r.request_id in self._tracked]
+        running = [self._outlook(r) for r in self.running if r.request_id in self._tracked]
         pool = self.kv_cache_manager.block_pool
         block_tokens = self.cache_config.block_size
         capacity_tokens = (pool.num_gpu_blocks - 1) * block_tokens  # the null block is never free
         used_tokens = capacity_tokens - pool.get_num_free_blocks() * block_tokens
         batch_tokens = sum(-(-r.num_computed_tokens // block_tokens) * block_tokens for r in self.running)
-        return self.mars_policy.admits(self._progress_of(request), running, max(used_tokens - batch_tokens, 0),
-                                       capacity_tokens, block_tokens)
+        return self.mars_policy.admits_outlooks(self._outlook(request), running, max(used_tokens - batch_tokens, 0),
+                                                capacity_tokens, block_tokens)
+
+    def _outlook(self, request: Request) -> KvOutlook:
+        """A request's KV outlook, once per step: vLLM's waiting loop asks for admission at every
+        look at the queue, and within a step nothing the outlook reads changes (the running
+        requests were synced when the step began, a waiting one when it was pushed; scheduling
+        moves only `num_computed_tokens`, which the outlook does not read)."""
+        outlook = self._outlooks.get(request.request_id)
+        if outlook is None:
+            outlook = self._outlooks[request.request_id] = self.mars_policy.kv_outlook(
+                self._tracked[request.request_id].progress)
+        return outlook
 
     def _progress_of(self, request: Request) -> RequestProgress:
         tracked = self._tracked[request.request_id]
@@ -439,10 +451,8 @@ class MarsSchedulerMixin:
             self._tau = 0.8 * self._tau + 0.2 * min(now - self._last_step_t, 10.0)
         self._last_step_t = now
         self._running_kv = None
-        for rid, tracked in self._tracked.items():
-            request = self.requests.get(rid)
-            if request is not None:
-                self._sync(tracked, request)
+        self._outlooks.clear()
+        self._sync_active()
         self._reconsider_paused()
         for progress in self.waiting.promote_starving(self._iteration):
             tracked = self._tracked.get(progress.request_id)
@@ -457,6 +467,22 @@ class MarsSchedulerMixin:
             self.waiting.gating = False
         self._after_schedule(output, before)
         return output
+
+    def _sync_active(self) -> None:
+        """Bring the policy's view of every request vLLM may have changed up to date.
+
+        Only requests outside the ranked queue change between steps: running ones decode,
+        block holders (paused calls, KV loads) can be edited by vLLM's KV handling. A request
+        in the ranked queue is synced when it is pushed (`_progress_of`) and vLLM does not
+        touch it until it pops it (a request it skips is popped and pushed back), so
+        re-reading the thousands that wait would cost O(waiting) per step for nothing.
+        """
+        tracked = self._tracked
+        for queue in (self.running, self.kv_holding_waiting):
+            for request in queue:
+                found = tracked.get(request.request_id)
+                if found is not None:
+                    self._sync(found, request)
 
     def _internal_id(self, rid: str) -> str:
         if rid in self._tracked:
