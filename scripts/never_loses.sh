@@ -7,7 +7,7 @@ cd "$(dirname "$0")/.."
 out=results/never-loses
 mkdir -p "$out"
 m=.venv/bin/marsched
-declare -A loads=([single]=3,4,5,6,8,10,12,14,16 [multi]=2,5,8,10,12 [agent]=0.2,0.4,0.6,0.8,1.0)
+declare -A loads=([single]=3,4,5,6,8,10,12,14,16 [multi]=0.5,1,1.5,2,2.5,3 [agent]=0.05,0.1,0.15,0.2,0.3,0.4)
 for trace in single multi agent; do
   qps=${loads[$trace]}
   $m compare --trace "$trace" --policies vllm,infercept,mars --qps "$qps" --json "$out/$trace-main.json" \
@@ -25,7 +25,7 @@ for trace in single multi agent; do
   echo "$trace done"
 done
 # The age threshold at the most loaded point of each trace.
-declare -A top=([single]=16 [multi]=12 [agent]=1.0)
+declare -A top=([single]=16 [multi]=3 [agent]=0.4)
 for trace in single multi agent; do
   for threshold in 5 30 60 120 240; do
     $m compare --trace "$trace" --policies mars --starvation-threshold "$threshold" --qps "${top[$trace]}" \
