@@ -134,6 +134,22 @@ class LearnedLength:
         return len(self.table)
 
 
+@dataclass(frozen=True, slots=True)
+class FrontEndLength:
+    """The learned predictor inside the vLLM scheduler: the plan's lengths.
+
+    The engine core never runs the encoder. The front end predicts from the text and sends the
+    prediction with each input chunk (`marsched.vllm.metadata`, ``predicted``); the scheduler puts
+    it into the request's plan, and this reads the plan. A chunk without a prediction (a client
+    that sends none) keeps the plan's own length (for plain clients, `max_tokens`).
+    """
+
+    name: str = "learned"
+
+    def predict(self, request: Request, segment_index: int) -> int:
+        return request.segments[segment_index].output_tokens
+
+
 @cache
 def _trace_table(directory: str | None, trace: str) -> tuple[tuple[str, tuple[int, ...]], ...]:
     """Learned predictions for every text segment of a trace, once per process (runs share it)."""
