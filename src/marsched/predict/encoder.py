@@ -52,18 +52,17 @@ def model_zip() -> str:
     return path
 
 
-@cache
-def _archive() -> tuple[bytes, bytes, bytes]:
-    """(tokenizer.json, config.json, model.safetensors) from the packaged zip."""
+def _read(name: str) -> bytes:
+    """One file of the packaged zip (not kept: the weights are 87 MiB and we keep only what we use)."""
     with zipfile.ZipFile(model_zip()) as archive:
-        return archive.read("tokenizer.json"), archive.read("config.json"), archive.read("model.safetensors")
+        return archive.read(name)
 
 
 @cache
 def _tokenizer(max_tokens: int | None):
     from tokenizers import Tokenizer
 
-    tokenizer = Tokenizer.from_str(_archive()[0].decode())
+    tokenizer = Tokenizer.from_str(_read("tokenizer.json").decode())
     tokenizer.no_padding()
     if max_tokens is None:
         tokenizer.no_truncation()
@@ -76,8 +75,8 @@ def _tokenizer(max_tokens: int | None):
 def _word_embeddings() -> np.ndarray:
     from safetensors.numpy import load
 
-    tensors = load(_archive()[2])
-    return np.ascontiguousarray(tensors["embeddings.word_embeddings.weight"], dtype=np.float32)
+    tensors = load(_read("model.safetensors"))
+    return np.array(tensors["embeddings.word_embeddings.weight"], dtype=np.float32)  # a copy: the rest is freed
 
 
 @dataclass(frozen=True, slots=True)
@@ -131,9 +130,8 @@ def _transformer():
     from safetensors.torch import load
     from transformers import BertConfig, BertModel
 
-    _, config, weights = _archive()
-    model = BertModel(BertConfig(**json.loads(config)), add_pooling_layer=False)
-    model.load_state_dict(load(weights), strict=False)  # the zip also has a pooler we do not use
+    model = BertModel(BertConfig(**json.loads(_read("config.json"))), add_pooling_layer=False)
+    model.load_state_dict(load(_read("model.safetensors")), strict=False)  # the zip also has a pooler we do not use
     model.eval()
     return model, torch
 
