@@ -6,6 +6,7 @@ Events and their extra fields:
 | event | fields |
 | --- | --- |
 | arrive | prompt_tokens, segments |
+| predict | segment, output_tokens, api_s, return_tokens, predictor, source (front-end: the vLLM front end's learned prediction; plan: the request's plan). Written by the vLLM scheduler at each segment's start |
 | assign_strategy | segment, strategy, reason (ahead, at-call, reconsidered, fixed, host-full), context_tokens, api_s |
 | admit | segment, prefill_tokens, wait_s (the request leaves the queue and gets device blocks) |
 | schedule | iteration, iterations (>1 when identical decode iterations are run together), batch, tokens, dt_s, free_blocks, host_free_blocks |

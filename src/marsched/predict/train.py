@@ -44,7 +44,7 @@ class TrainConfig:
     seed: int = 0
     held_out: float = 0.2  # share of conversations in the held-out split
     validation: float = 0.15  # share of the training conversations used to choose the head
-    max_conversations: int | None = 6000  # ShareGPT conversations kept (of 12,900 in the package); None: all
+    max_conversations: int | None = 6000  # ShareGPT conversations kept (of 9,460 in the package); None: all
     encoder: str = "embed"
     hidden: int = 128
     epochs: int = 12
@@ -148,7 +148,7 @@ def train(out: str | os.PathLike[str], config: TrainConfig = TrainConfig(),
                 {**head.meta, "chosen_over": sorted(set(candidates) - {best}),
                  "validation": {k: m for k, (_, m) in candidates.items()}})
     path = head.save(out)
-    report = {"head": path, "chosen": best, "validation": {k: m for k, (_, m) in candidates.items()},
+    report = {"head": os.path.basename(path), "chosen": best, "validation": {k: m for k, (_, m) in candidates.items()},
               "train_examples": len(fit_part), "validation_examples": len(validation),
               "held_out_examples": len(data.test), "parameters": head.parameters,
               "seconds": round(time.perf_counter() - started, 1), "config": asdict(config)}
