@@ -221,3 +221,31 @@ def test_cli_simulate_with_learned_and_type_mean(tmp_path):
         record = json.loads(out.read_text())[0]
         assert record["predictor"].startswith(spec)
         assert record["num_finished"] == record["num_requests"] > 0
+
+
+# --- the vLLM side, without vLLM: the chunk metadata and the scheduler's predictor ---------------
+
+
+def test_chunk_metadata_carries_a_front_end_prediction():
+    from marsched.vllm.metadata import ChunkMeta, MetadataError, PlannedSegment, parse
+
+    meta = ChunkMeta(1, (PlannedSegment(8), PlannedSegment(4)), predicted=37)
+    assert parse(meta.to_dict()).predicted == 37
+    assert parse(meta.to_vllm_xargs()["marsched"]).predicted == 37
+    assert parse({"plan": [[8, None, 0, 0]]}).predicted is None
+    for bad in (0, -3, 2.5, "12", True):
+        with pytest.raises(MetadataError, match=r"marsched\.predicted"):
+            parse({"predicted": bad})
+
+
+def test_the_scheduler_reads_learned_lengths_from_the_plan():
+    from marsched.predict.learned import FrontEndLength
+    from marsched.vllm.config import MarsConfig
+
+    config = MarsConfig(predictor="learned")
+    assert config.learned and config.front_end
+    length = config.build_policy(token_budget=256).predictor.length
+    assert isinstance(length, FrontEndLength) and length.name == "learned"
+    assert length.predict(CALC, 0) == 200  # the plan's length, which carries the front end's prediction
+    assert not MarsConfig(predictor="oracle").front_end
+    assert MarsConfig(predictor="type-mean").front_end  # a trace replay sends type means the same way
