@@ -249,3 +249,17 @@ def test_the_scheduler_reads_learned_lengths_from_the_plan():
     assert length.predict(CALC, 0) == 200  # the plan's length, which carries the front end's prediction
     assert not MarsConfig(predictor="oracle").front_end
     assert MarsConfig(predictor="type-mean").front_end  # a trace replay sends type means the same way
+
+
+def test_bench_sends_trace_predictions_scaled_like_the_lengths():
+    from marsched.bench.real import BenchSpec, bench_requests, trace_predictions
+
+    templates = load_trace("single")
+    stream = bench_requests(templates, 2.0, 20.0, 0, 0.5, 100_000, 1.0)
+    assert trace_predictions(BenchSpec("model", predictor="oracle"), templates, stream) == {}
+    predicted = trace_predictions(BenchSpec("model", predictor="type-mean", token_scale=0.5), templates, stream)
+    rule = TypeMeanLength()
+    rule.prepare(templates)
+    for request in stream:
+        assert predicted[request.request_id] == [max(1, round(rule.predict(request, i) * 0.5))
+                                                 for i in range(len(request.segments))]
