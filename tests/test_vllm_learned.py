@@ -38,8 +38,8 @@ def test_a_served_request_carries_a_learned_prediction(tiny_model, loop_thread, 
 
     tokenizer, prompt, result = loop_thread.run(scenario(), timeout=300)
     assert result.ok, result.error
-    expected = [model.predict_one(tokenizer.decode(prompt), len(prompt)),
-                model.predict_one(tokenizer.decode([100, 101, 102]), len(prompt) + 12 + 3)]
+    expected = [model.predict_one(tokenizer.decode(prompt), len(prompt), 0),
+                model.predict_one(tokenizer.decode([100, 101, 102]), len(prompt) + 12 + 3, 12)]
     events = [e for e in read_trace(trace) if e["event"] == "predict" and e["rid"] == "learned-1"]
     assert [e["segment"] for e in events] == [0, 1]
     assert [e["output_tokens"] for e in events] == expected

@@ -15,9 +15,12 @@ Two encoders over the same weights, named in a trained head's metadata:
   Needs torch and transformers; about 15-80 ms per request on one core here, which is why it
   is not the default.
 
-Every feature vector ends with two length features, ``log1p`` of the text's word pieces and
-``log1p`` of the context's GPT-2 tokens: the context length matters to how long a reply is
-and a mean-pooled vector has lost it.
+Every feature vector ends with length features: ``log1p`` of the text's word pieces, ``log1p``
+of the context's GPT-2 tokens (the context length matters to how long a reply is, and a
+mean-pooled vector has lost it) and, with `previous` (heads trained since it was added),
+``log1p`` of the model's previous reply in the conversation (the previous segment's output)
+and whether there was one. Reply lengths within a conversation are strongly correlated: the
+feature took Kendall's tau on the validation split from 0.33 to 0.43.
 """
 
 from __future__ import annotations
@@ -85,6 +88,7 @@ class Encoder:
 
     kind: str = "embed"
     max_tokens: int = 128  # the transformer's input cut; the embed encoder reads every word piece
+    previous: bool = True  # the previous-reply features (False for heads trained without them)
 
     def __post_init__(self) -> None:
         if self.kind not in ENCODERS:
@@ -92,7 +96,7 @@ class Encoder:
 
     @property
     def dim(self) -> int:
-        return _DIM + 2
+        return _DIM + (4 if self.previous else 2)
 
     def load(self) -> None:
         """Load the weights now (the first `encode` would otherwise pay for it)."""
@@ -100,16 +104,21 @@ class Encoder:
             _word_embeddings()
         else:
             _transformer()
-        self.encode(["warm up"], [1])
+        self.encode(["warm up"], [1], [0])
 
-    def encode(self, texts: Sequence[str], context_tokens: Sequence[int]) -> np.ndarray:
+    def encode(self, texts: Sequence[str], context_tokens: Sequence[int],
+               previous_tokens: Sequence[int] | None = None) -> np.ndarray:
+        """Features of each text, given its context's length and the previous reply's length (0: none)."""
         texts = [text[:MAX_CHARS] for text in texts]
         if self.kind == "embed":
             pooled, pieces = _embed(texts)
         else:
             pooled, pieces = _transformer_encode(texts, self.max_tokens)
-        lengths = np.stack([np.log1p(pieces), np.log1p(np.asarray(context_tokens, dtype=np.float32))], axis=1)
-        return np.concatenate([pooled, lengths.astype(np.float32)], axis=1)
+        columns = [np.log1p(pieces), np.log1p(np.asarray(context_tokens, dtype=np.float32))]
+        if self.previous:
+            previous = np.asarray(previous_tokens if previous_tokens is not None else [0] * len(texts), dtype=np.float32)
+            columns += [np.log1p(previous), (previous > 0).astype(np.float32)]
+        return np.concatenate([pooled, np.stack(columns, axis=1).astype(np.float32)], axis=1)
 
 
 def _embed(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:

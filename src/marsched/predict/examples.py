@@ -50,6 +50,7 @@ class Example:
     context_tokens: int
     api_type: str  # the segment's call type ("chatbot", "tts", "image"), or "end"; ShareGPT turns are "chatbot"
     output_tokens: int
+    previous_output_tokens: int = 0  # the model's previous reply (segment) in the conversation; 0 for the first
 
 
 def read_sharegpt_records() -> list[dict]:
@@ -102,10 +103,14 @@ def sharegpt_examples(records: Sequence[dict], max_conversations: int | None = N
     for group, messages in turns:
         context = 0
         previous: tuple[str, str, int] | None = None
+        last_reply = 0
         for who, text in messages:
             tokens = next(counts)
             if who in _ASSISTANT and previous is not None and previous[0] in _HUMAN and tokens > 0:
-                examples.append(Example(SHAREGPT, group, previous[1], previous[2], context, "chatbot", tokens))
+                examples.append(Example(SHAREGPT, group, previous[1], previous[2], context, "chatbot", tokens,
+                                        last_reply))
+            if who in _ASSISTANT:
+                last_reply = tokens
             context += tokens
             previous = (who, text, tokens)
     return examples
@@ -124,7 +129,8 @@ def trace_examples(trace: str) -> list[Example]:
         first = steps[0].prompt
         for step in steps:
             examples.append(Example(trace, "text:" + _digest(first), step.last_turn, step.last_turn_tokens,
-                                    step.context_tokens, step.api_type, step.output_tokens))
+                                    step.context_tokens, step.api_type, step.output_tokens,
+                                    step.previous_output_tokens))
     return examples
 
 

@@ -2,7 +2,8 @@
 
 `LearnedModel` is the encoder and a trained head (`marsched predictor train`); the default
 head ships in the package (`marsched/predict/heads/default`). It predicts from text: the
-newest turn and the context's length in tokens.
+newest turn, the context's length in tokens and the length of the model's previous reply
+(segment) in the conversation, which is known when the segment starts.
 
 In the simulator (`LearnedLength`), a trace's text records (the INFERCEPT chatbot, TTS and
 image families, `marsched.predict.texts`) get learned predictions, made once per trace
@@ -46,14 +47,17 @@ class LearnedModel:
     encoder: Encoder
     directory: str
 
-    def predict(self, texts: Sequence[str], context_tokens: Sequence[int]) -> np.ndarray:
-        """Predicted output tokens (integers, at least 1) for each text and its context's length."""
+    def predict(self, texts: Sequence[str], context_tokens: Sequence[int],
+                previous_tokens: Sequence[int] | None = None) -> np.ndarray:
+        """Predicted output tokens (integers, at least 1) for each text, given its context's length
+        and the length of the model's previous reply (segment) in the conversation (0: none)."""
         if not texts:
             return np.zeros(0, dtype=np.int64)
-        return np.rint(self.head.predict(self.encoder.encode(texts, context_tokens))).astype(np.int64)
+        features = self.encoder.encode(texts, context_tokens, previous_tokens)
+        return np.rint(self.head.predict(features)).astype(np.int64)
 
-    def predict_one(self, text: str, context_tokens: int) -> int:
-        return int(self.predict([text], [context_tokens])[0])
+    def predict_one(self, text: str, context_tokens: int, previous_tokens: int = 0) -> int:
+        return int(self.predict([text], [context_tokens], [previous_tokens])[0])
 
 
 @cache
@@ -65,7 +69,8 @@ def load_model(directory: str | None = None) -> LearnedModel:
     """
     directory = directory or default_head_dir()
     head = load_head(directory)
-    encoder = Encoder(head.meta.get("encoder", "embed"), int(head.meta.get("max_tokens", 128)))
+    encoder = Encoder(head.meta.get("encoder", "embed"), int(head.meta.get("max_tokens", 128)),
+                      bool(head.meta.get("previous_feature", False)))
     return LearnedModel(head, encoder, directory)
 
 
@@ -158,7 +163,8 @@ def _trace_table(directory: str | None, trace: str) -> tuple[tuple[str, tuple[in
     model = load_model(directory)
     segments = text_segments(trace)
     flat = [(rid, step) for rid, steps in segments.items() for step in steps]
-    predicted = iter(model.predict([s.last_turn for _, s in flat], [s.context_tokens for _, s in flat]).tolist())
+    predicted = iter(model.predict([s.last_turn for _, s in flat], [s.context_tokens for _, s in flat],
+                                   [s.previous_output_tokens for _, s in flat]).tolist())
     return tuple((rid, tuple(next(predicted) for _ in steps)) for rid, steps in segments.items())
 
 

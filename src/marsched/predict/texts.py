@@ -26,6 +26,7 @@ class TextSegment:
     context_tokens: int
     output_tokens: int
     api_type: str  # the call that ends the segment, or "end"
+    previous_output_tokens: int  # the previous segment's completion (known when this one starts); 0 for the first
 
 
 def text_segments(trace: str | os.PathLike[str]) -> dict[str, tuple[TextSegment, ...]]:
@@ -58,11 +59,12 @@ def _text_segments(trace: str) -> tuple[tuple[str, tuple[TextSegment, ...]], ...
         request = requests[request_id]
         first = segments[0]["prompt"]
         steps = []
-        last_turn, last_turn_tokens = first, request.prompt_tokens
+        last_turn, last_turn_tokens, previous = first, request.prompt_tokens, 0
         for index, segment in enumerate(request.segments):
             api_type = segment.api.api_type.value if segment.api else "end"
             steps.append(TextSegment(first, last_turn, last_turn_tokens, segment.context_tokens,
-                                     segment.output_tokens, api_type))
+                                     segment.output_tokens, api_type, previous))
+            previous = segment.output_tokens
             last_turn = segments[index].get("api_token", "") if index < len(segments) else ""
             last_turn_tokens = segment.api.return_tokens if segment.api else 0
         out.append((request_id, tuple(steps)))

@@ -75,7 +75,8 @@ def encode(encoder: Encoder, examples: Sequence[Example], batch: int = 64) -> np
     rows = []
     for start in range(0, len(examples), batch):
         part = examples[start:start + batch]
-        rows.append(encoder.encode([e.last_turn for e in part], [e.context_tokens for e in part]))
+        rows.append(encoder.encode([e.last_turn for e in part], [e.context_tokens for e in part],
+                                   [e.previous_output_tokens for e in part]))
     return np.concatenate(rows) if rows else np.zeros((0, encoder.dim), dtype=np.float32)
 
 
@@ -116,8 +117,8 @@ def fit_head(kind: str, features: np.ndarray, y: np.ndarray, config: TrainConfig
     first, last = model[0], model[3]
     weights = (first.weight.detach().numpy().T.copy(), last.weight.detach().numpy().T.copy())
     biases = (first.bias.detach().numpy().copy(), last.bias.detach().numpy().copy())
-    meta = {"encoder": config.encoder, "max_tokens": Encoder().max_tokens, "train": asdict(config),
-            "clip": [1.0, float(y.max())]}
+    meta = {"encoder": config.encoder, "max_tokens": Encoder().max_tokens, "previous_feature": True,
+            "train": asdict(config), "clip": [1.0, float(y.max())]}
     centres = None
     if kind == "bins":
         centres = np.arange(BINS) * BIN_TOKENS + BIN_TOKENS / 2
@@ -163,7 +164,8 @@ def evaluate(directory: str | os.PathLike[str], log: Callable[[str], None] = lam
     head = load_head(directory)
     config = TrainConfig(**{k: tuple(v) if k == "heads" else v for k, v in head.meta.get("train", {}).items()})
     data = build_dataset(config, log)
-    encoder = Encoder(head.meta.get("encoder", "embed"), head.meta.get("max_tokens", 128))
+    encoder = Encoder(head.meta.get("encoder", "embed"), head.meta.get("max_tokens", 128),
+                      bool(head.meta.get("previous_feature", False)))
     log(f"encoding {len(data.test)} held-out examples")
     predictions = {
         "learned": head.predict(encode(encoder, data.test)),

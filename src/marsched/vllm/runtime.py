@@ -232,7 +232,8 @@ class AugmentedEngine:
         `strategy` overrides the policy for this request's calls (tests, benches).
         `predicted_tokens` gives each segment's predicted output length (a trace replay's
         predictions, `marsched bench`); without it, under the learned predictor, each segment's
-        length is predicted here from its text: the prompt, then each tool's result.
+        length is predicted here from its text (the prompt, then each tool's result), the
+        context's length and the previous segment's length.
         Other keywords go to `SamplingParams` (default: greedy).
         """
         assert self.llm is not None, "call start() first"
@@ -288,7 +289,7 @@ class AugmentedEngine:
         return SamplingParams(max_tokens=max_tokens, stop_token_ids=stop_token_ids or None,
                               output_kind=RequestOutputKind.DELTA, extra_args=meta.to_extra_args(), **kwargs)
 
-    async def _predict(self, index: int, token_ids: list[int], context_tokens: int,
+    async def _predict(self, index: int, token_ids: list[int], context_tokens: int, previous_tokens: int,
                        given: list[int | None] | None) -> int | None:
         """The segment's predicted output tokens for the chunk's metadata, or None (no prediction)."""
         if given is not None:
@@ -298,7 +299,7 @@ class AugmentedEngine:
             return None
         text = self._tokenizer.decode(token_ids)
         # In a thread: the event loop keeps streaming other requests' tokens meanwhile.
-        return await asyncio.to_thread(self._learned.predict_one, text, context_tokens)
+        return await asyncio.to_thread(self._learned.predict_one, text, context_tokens, previous_tokens)
 
     async def _run(self, result: AugmentedResult, steps: list[Step] | None, max_tokens: int,
                    tool_tokens: dict[int, str], parse_args: Any, max_calls: int,
@@ -328,11 +329,12 @@ class AugmentedEngine:
             index = 0
             chunk = list(result.prompt_token_ids)
             context = len(chunk)
+            previous = 0  # the tokens the previous segment generated
             while True:
                 if index == 0:
                     params = first
                 else:  # the segment after a call: predicted from the tool's result
-                    predicted = await self._predict(index, chunk[1:], context, predicted_tokens)
+                    predicted = await self._predict(index, chunk[1:], context, previous, predicted_tokens)
                     params = self._params(index, plan, result.request_id, seg_max_tokens(index), stop_ids, strategy,
                                           sampling, predicted)
                 yield StreamingInput(prompt=TokensPrompt(prompt_token_ids=list(chunk)), sampling_params=params)
@@ -353,9 +355,10 @@ class AugmentedEngine:
                                                        tool.expected_return_tokens), PlannedSegment(max_tokens))
                 chunk = [segment.token_ids[-1]] + segment.returned_token_ids
                 context += len(segment.token_ids) + len(segment.returned_token_ids)
+                previous = len(segment.token_ids)
                 index += 1
 
-        predicted = await self._predict(0, result.prompt_token_ids, len(result.prompt_token_ids), predicted_tokens)
+        predicted = await self._predict(0, result.prompt_token_ids, len(result.prompt_token_ids), 0, predicted_tokens)
         first = self._params(0, plan, result.request_id, seg_max_tokens(0), stop_ids, strategy, sampling, predicted)
         current = SegmentResult(0)
         result.segments.append(current)
