@@ -7,7 +7,10 @@ newest turn, the context's length in tokens and the length of the model's previo
 
 In the simulator (`LearnedLength`), a trace's text records (the INFERCEPT chatbot, TTS and
 image families, `marsched.predict.texts`) get learned predictions, made once per trace
-before the run. Records without text (the token-count records: math, QA, VE; our JSONL
+before the run. Each segment's prediction reads the previous segment's true length, which
+is known when that segment starts; MARS also ranks by the predicted segments after the
+current one, and for those the previous length is not known yet at ranking time, so those
+predictions are slightly better informed than a live system's. Records without text (the token-count records: math, QA, VE; our JSONL
 traces) fall back to `TypeMeanLength`: the mean output length, over the trace's segments, of
 the segments that end the same way (with a call of the same API type, or with the end of
 the request). It is an aggregate of the trace, not the segment's own length, and it is the
