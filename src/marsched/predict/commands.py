@@ -47,7 +47,7 @@ def _require(*modules: str) -> None:
 @app.command()
 def train(
     out: Annotated[Path, typer.Option(help="Directory to write the head (head.npz) and train.json into.")],
-    conversations: Annotated[int, typer.Option(help="ShareGPT conversations to use (0: all 9,460 of the package).")] = 6000,
+    conversations: Annotated[int, typer.Option(help="ShareGPT conversations to use (0: all 9,460 of the package).")] = 0,
     encoder: Annotated[str, typer.Option(help="embed (MiniLM's word vectors, fast) or transformer (full MiniLM).")] = "embed",
     heads: Annotated[str, typer.Option(help="Head kinds to compare, comma-separated: bins (MARS), log.")] = "bins,log",
     epochs: Annotated[int, typer.Option(help="Passes over the training examples.")] = 12,

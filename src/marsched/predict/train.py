@@ -44,7 +44,7 @@ class TrainConfig:
     seed: int = 0
     held_out: float = 0.2  # share of conversations in the held-out split
     validation: float = 0.15  # share of the training conversations used to choose the head
-    max_conversations: int | None = 6000  # ShareGPT conversations kept (of 9,460 in the package); None: all
+    max_conversations: int | None = None  # ShareGPT conversations kept (of 9,460 in the package); None: all
     encoder: str = "embed"
     hidden: int = 128
     epochs: int = 12
