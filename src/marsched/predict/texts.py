@@ -3,8 +3,9 @@
 The request model (`marsched.workload.model`) keeps token counts only; a learned predictor
 needs the words. This reads them from the same trace file, beside the loader: for each text
 record of an INFERCEPT/MARS JSON trace (the chatbot, TTS and image families), per segment, the
-prompt so far, the newest turn (segment 0: the prompt; later: the previous call's return,
-the user's next turn or the TTS/image instruction), and the counts the loader gives.
+record's first prompt, the newest turn (segment 0: the prompt; later: the previous call's
+return, the user's next turn or the TTS/image instruction), the counts the loader gives and
+the previous segment's output length.
 Token-count records and our JSONL format carry no text and give nothing here.
 """
 
@@ -12,6 +13,7 @@ from __future__ import annotations
 
 import json
 import os
+import warnings
 from dataclasses import dataclass
 from functools import cache
 
@@ -46,8 +48,6 @@ def _text_segments(trace: str) -> tuple[tuple[str, tuple[TextSegment, ...]], ...
             raw = handle.read()
     else:
         return ()
-    import warnings
-
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the loader's warnings are the trace loader's to give
         requests = {request.request_id: request for request in load_trace(trace)}
