@@ -60,6 +60,8 @@ ADMISSION_HELP = {
 PREDICTOR_HELP = {
     "oracle": "output lengths from the trace (exact)",
     "noisy:SIGMA": "the true length times 1 + N(0, SIGMA), e.g. noisy:0.3",
+    "type-mean": "per kind of segment (its call's API type, or the end), the trace's mean output length",
+    "learned[:DIR]": "MiniLM + a trained head on text records (packaged head, or DIR); type-mean for the rest",
 }
 API_ESTIMATOR_HELP = {
     "type-mean": "per API type, the mean of the calls seen so far, started from a prior",
@@ -74,7 +76,8 @@ StrictOpt = Annotated[bool, typer.Option(
 ProfileOpt = Annotated[str, typer.Option(help="Profile name or path to a profile .json.")]
 DurationOpt = Annotated[float, typer.Option(help="Seconds of Poisson arrivals; the run then drains.")]
 SeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and noisy predictions (0 to 2^32-1).")]
-PredictorOpt = Annotated[str, typer.Option(help="Output-length predictor: oracle or noisy:SIGMA.")]
+PredictorOpt = Annotated[str, typer.Option(
+    help="Output-length predictor: oracle, noisy:SIGMA, type-mean, learned or learned:DIR (marsched list).")]
 ApiOpt = Annotated[str, typer.Option("--api-estimator", help="API-duration estimate: type-mean or oracle.")]
 StarvationOpt = Annotated[str, typer.Option(
     help="Starvation threshold in the variant's units (seconds for 'age', iterations for the others), 'off', or 'default'.")]
@@ -484,6 +487,11 @@ from marsched.audit.command import audit as _audit, export as _export, plot as _
 app.command("audit")(_audit)
 app.command("plot")(_plot)
 app.command("export")(_export)
+
+# The learned length predictor: `marsched predictor train|eval` (the predict extra).
+from marsched.predict.commands import app as _predictor_app  # noqa: E402
+
+app.add_typer(_predictor_app, name="predictor")
 
 
 if __name__ == "__main__":

@@ -119,7 +119,8 @@ def bench(
     max_requests: Annotated[int | None, typer.Option(help="Keep only the first N arrivals of each stream.")] = None,
     max_model_len: Annotated[int | None, typer.Option(
         help="Cap vLLM's max model length (default: the model's, and what the KV cache holds).")] = None,
-    predictor: Annotated[str, typer.Option(help="Output-length predictor: oracle or noisy:SIGMA.")] = "oracle",
+    predictor: Annotated[str, typer.Option(
+        help="Output-length predictor: oracle, noisy:SIGMA, type-mean, learned or learned:DIR.")] = "oracle",
     api_estimator: Annotated[str, typer.Option(help="API-duration estimate: type-mean or oracle.")] = "type-mean",
     dtype: Annotated[str, typer.Option(help="auto (the model's), bfloat16 or float32.")] = "auto",
     strict: Annotated[bool, typer.Option("--strict", help="Reject trace values otherwise read leniently.")] = False,

@@ -406,12 +406,14 @@ def run_bench(spec: BenchSpec, on_record: Callable[[dict], None] | None = None,
     templates = load_trace(spec.trace, strict=spec.strict)
     streams = {qps: bench_requests(templates, qps, spec.duration_s, spec.seed, spec.token_scale,
                                    plan.max_model_len, spec.api_time_scale, spec.max_requests) for qps in spec.qps}
+    predictions = trace_predictions(spec, templates, [r for stream in streams.values() for r in stream])
     result = BenchResult([])
 
     async def main() -> None:
         for qps in spec.qps:
             for policy in spec.policies:
-                record, interrupted = await _run_point(spec, model, plan, policy, qps, streams[qps], on_progress)
+                record, interrupted = await _run_point(spec, model, plan, policy, qps, streams[qps], on_progress,
+                                                       predictions)
                 if record is not None:
                     result.records.append(record)
                     if on_record:
@@ -433,6 +435,24 @@ def run_bench(spec: BenchSpec, on_record: Callable[[dict], None] | None = None,
 
 
 _LIVE: list[Any] = []  # engines started and not yet shut down
+
+
+def trace_predictions(spec: BenchSpec, templates: list[Request], requests: list[Request]) -> dict[str, list[int]]:
+    """Per request, each segment's predicted output tokens, for predictors that work from the trace.
+
+    `type-mean` and `learned` predict from the trace (its type means, its text records'
+    text; `marsched.predict.learned`): the bench's prompts are random token ids with no text, so
+    the client computes these from the trace, scales them by `--token-scale` like the lengths,
+    and sends them with each segment as the front end's prediction. Other predictors: none.
+    """
+    from marsched.predict.length import parse_length_predictor, prepare_length_predictor
+
+    if spec.predictor != "type-mean" and not spec.predictor.startswith("learned"):
+        return {}
+    length = parse_length_predictor(spec.predictor, spec.seed)
+    prepare_length_predictor(length, templates, spec.trace)
+    return {r.request_id: [max(1, round(length.predict(r, i) * spec.token_scale)) for i in range(len(r.segments))]
+            for r in requests}
 
 
 def _shutdown(engine: Any) -> None:
@@ -488,7 +508,7 @@ def _steps_of(request: Request, vocab_size: int) -> list[Any]:
     return steps
 
 
-async def _one(engine: Any, outcome: Outcome, vocab_size: int) -> None:
+async def _one(engine: Any, outcome: Outcome, vocab_size: int, predicted: list[int] | None = None) -> None:
     request = outcome.request
     delay = outcome.planned_t - time.monotonic()
     if delay > 0:
@@ -497,7 +517,7 @@ async def _one(engine: Any, outcome: Outcome, vocab_size: int) -> None:
     prompt = prompt_token_ids(request.request_id, request.prompt_tokens, vocab_size)
     try:
         result = await engine.generate(prompt, _steps_of(request, vocab_size), request_id=request.request_id,
-                                       ignore_eos=True, detokenize=False)
+                                       predicted_tokens=predicted, ignore_eos=True, detokenize=False)
     except asyncio.CancelledError:
         raise
     except Exception as error:  # noqa: BLE001 - an engine that died ends every request; report, not crash
@@ -521,7 +541,8 @@ async def _one(engine: Any, outcome: Outcome, vocab_size: int) -> None:
 
 
 async def _run_point(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy: str, qps: float,
-                     requests: list[Request], on_progress: ProgressFn | None) -> tuple[dict | None, bool]:
+                     requests: list[Request], on_progress: ProgressFn | None,
+                     predictions: dict[str, list[int]] | None = None) -> tuple[dict | None, bool]:
     """One engine, one stream. Returns (record or None if nothing ran, interrupted)."""
     from marsched.bench.steps import ENV_VAR, STEP_TIMED_MARS
     from marsched.vllm import AugmentedEngine
@@ -574,7 +595,8 @@ async def _run_point(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy
             t0 = time.monotonic() + 0.05
             timings["warmup_s"] = t0 - begin - timings["engine_start_s"]
             outcomes = [Outcome(r, t0 + r.arrival_s) for r in requests]
-            tasks = [asyncio.ensure_future(_one(engine, o, vocab)) for o in outcomes]
+            tasks = [asyncio.ensure_future(_one(engine, o, vocab, (predictions or {}).get(o.request.request_id)))
+                     for o in outcomes]
             done = 0
             if on_progress:
                 on_progress(label, 0, len(tasks))

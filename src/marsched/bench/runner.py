@@ -12,7 +12,7 @@ from marsched.metrics.trace import EventTrace, TraceFile
 from marsched.policy.policy import Policy
 from marsched.policy.registry import make_policy, starvation_variant
 from marsched.predict.api_duration import parse_api_estimator
-from marsched.predict.length import parse_length_predictor
+from marsched.predict.length import parse_length_predictor, prepare_length_predictor
 from marsched.predict.segment import SegmentPredictor
 from marsched.sim.engine import Simulator
 from marsched.sim.profile import load_profile, scale_kv_capacity
@@ -62,6 +62,7 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
     """Simulate one spec and return its metrics record (the keys of the JSON output)."""
     templates = templates if templates is not None else load_trace(spec.trace, strict=spec.strict)
     profile, policy = spec.build()
+    prepare_length_predictor(policy.predictor.length, templates, spec.trace)
     requests = poisson_arrivals(templates, spec.qps, spec.duration_s, spec.seed)
     if spec.api_time_scale != 1:  # after sampling: the same arrivals and shapes at every scale
         requests = [scale_api_time(r, spec.api_time_scale) for r in requests]

@@ -12,9 +12,20 @@ from marsched.workload.model import Request
 
 
 class LengthPredictor(Protocol):
+    """`predict` gives a segment's output tokens. A predictor that needs the whole trace first
+    (`type-mean`, `learned`) also has `prepare(templates, trace)`, which the engines call before a
+    run (`prepare_length_predictor`)."""
+
     name: str
 
     def predict(self, request: Request, segment_index: int) -> int: ...
+
+
+def prepare_length_predictor(predictor: LengthPredictor, templates: list[Request], trace: str | None) -> None:
+    """Give a predictor that needs it the trace's requests (and its name or path, for its texts)."""
+    prepare = getattr(predictor, "prepare", None)
+    if prepare is not None:
+        prepare(templates, trace)
 
 
 @dataclass(frozen=True, slots=True)
@@ -53,14 +64,33 @@ class NoisyOracleLength:
         return max(1, round(true_length * (1.0 + error)))
 
 
+PREDICTOR_SPECS = "oracle, noisy:SIGMA (e.g. noisy:0.3), type-mean, learned, learned:DIR"
+
+
 def parse_length_predictor(spec: str, seed: int = 0) -> LengthPredictor:
-    """`oracle` or `noisy:SIGMA` (for example `noisy:0.3`)."""
+    """`oracle`, `noisy:SIGMA` (for example `noisy:0.3`), `type-mean`, `learned` or `learned:DIR`.
+
+    `type-mean` and `learned` need `prepare_length_predictor` before they predict
+    (`marsched.predict.learned` says what they do). `learned` checks here that its head loads
+    and that the encoder's package is installed.
+    """
     if spec == "oracle":
         return OracleLength()
+    if spec == "type-mean":
+        from marsched.predict.learned import TypeMeanLength
+
+        return TypeMeanLength()
+    if spec == "learned" or spec.startswith("learned:"):
+        from marsched.predict.encoder import model_zip
+        from marsched.predict.learned import LearnedLength, head_directory
+
+        predictor = LearnedLength(head_directory(spec))
+        model_zip()
+        return predictor
     if spec.startswith("noisy:"):
         try:
             sigma = float(spec.removeprefix("noisy:"))
         except ValueError:
             raise ValueError(f"predictor {spec!r}: SIGMA in 'noisy:SIGMA' must be a number") from None
         return NoisyOracleLength(sigma, seed)
-    raise ValueError(f"unknown predictor {spec!r}; valid: oracle, noisy:SIGMA (e.g. noisy:0.3)")
+    raise ValueError(f"unknown predictor {spec!r}; valid: {PREDICTOR_SPECS}")

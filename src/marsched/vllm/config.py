@@ -46,7 +46,7 @@ class MarsConfig:
     starvation_quantum: int | str = "default"  # iterations of protection for the quantum variants
     admission: str = "default"  # greedy | predicted-peak, or the policy's default
     refresh_interval: int = 1
-    predictor: str = "oracle"  # output-length predictor: oracle | noisy:SIGMA
+    predictor: str = "oracle"  # output-length predictor: oracle | noisy:SIGMA | learned[:DIR] (made in the front end)
     api_estimator: str = "type-mean"  # oracle | type-mean (updated with observed call times)
     seed: int = 0
     trace_path: str | None = None  # JSONL event trace written by the scheduler
@@ -84,6 +84,17 @@ class MarsConfig:
             return cls.from_dict(json.loads(env))
         return cls()
 
+    @property
+    def learned(self) -> bool:
+        """Whether lengths are predicted by the learned model (in the front end, from the prompt's text)."""
+        return self.predictor == "learned" or self.predictor.startswith("learned:")
+
+    @property
+    def front_end(self) -> bool:
+        """Whether length predictions come with the requests (`predicted` in their metadata): the
+        learned model's, made in the front end, or a trace replay's type means (`marsched bench`)."""
+        return self.learned or self.predictor == "type-mean"
+
     def additional_config(self) -> dict[str, Any]:
         """The value to pass as vLLM's `additional_config`."""
         return {CONFIG_KEY: self.to_dict()}
@@ -95,7 +106,12 @@ class MarsConfig:
         return CostModel(c.seconds_per_token, c.seconds_per_iteration, c.token_budget or token_budget, c.swap_tokens_per_s)
 
     def build_policy(self, token_budget: int) -> Policy:
-        predictor = SegmentPredictor(parse_length_predictor(self.predictor, self.seed), parse_api_estimator(self.api_estimator))
+        length = parse_length_predictor(self.predictor, self.seed)
+        if self.front_end:  # predicted in the front end (from the text, or the trace); the scheduler reads the plan
+            from marsched.predict.learned import FrontEndLength
+
+            length = FrontEndLength(length.name)
+        predictor = SegmentPredictor(length, parse_api_estimator(self.api_estimator))
         kwargs: dict[str, Any] = {}
         if self.starvation_threshold != "default":
             t = self.starvation_threshold

@@ -7,7 +7,9 @@ replaces the request's sampling params, so each chunk carries the current plan):
     {"segment": 1,                        # index of the segment this chunk starts
      "plan": [[out_tokens, api_type, api_s, return_tokens], ..., [out_tokens, null, 0, 0]],
      "strategy": "swap",                  # optional per-request override
-     "rid": "req-7"}                      # the caller's request id, for the trace
+     "rid": "req-7",                      # the caller's request id, for the trace
+     "predicted": 120}                    # optional: the front end's predicted output tokens
+                                          # of the segment this chunk starts (learned predictor)
 
 `plan` is the caller's expectation of the whole request: for trace replay the true
 trace request, for live tool use the expected output tokens per segment and, per
@@ -50,7 +52,7 @@ MAX_TOKENS = 10_000_000
 MAX_API_S = 1_000_000.0
 MAX_RID_CHARS = 1024
 MAX_JSON_CHARS = 100_000
-FIELDS = ("segment", "plan", "strategy", "rid")
+FIELDS = ("segment", "plan", "strategy", "rid", "predicted")
 PLAN_ITEM = ("output_tokens", "api_type", "api_s", "return_tokens")
 
 
@@ -93,6 +95,7 @@ class ChunkMeta:
     plan: tuple[PlannedSegment, ...]
     strategy: Strategy | None = None
     request_id: str | None = None  # the caller's id (vLLM's internal id adds a random suffix)
+    predicted: int | None = None  # the front end's prediction of this segment's output tokens
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"segment": self.segment, "plan": [p.to_list() for p in self.plan]}
@@ -100,6 +103,8 @@ class ChunkMeta:
             data["strategy"] = self.strategy.value
         if self.request_id is not None:
             data["rid"] = self.request_id
+        if self.predicted is not None:
+            data["predicted"] = self.predicted
         return data
 
     def to_extra_args(self) -> dict[str, Any]:
@@ -151,7 +156,10 @@ def parse(value: Any) -> ChunkMeta | None:
     rid = value.get("rid")
     if rid is not None and (not isinstance(rid, str) or not 1 <= len(rid) <= MAX_RID_CHARS):
         raise MetadataError(f"{KEY}.rid", f"must be a string of 1 to {MAX_RID_CHARS} characters, got {_show(rid)}")
-    return ChunkMeta(segment, plan, strategy, rid)
+    predicted = value.get("predicted")
+    if predicted is not None:
+        predicted = _integer(predicted, f"{KEY}.predicted", 1, MAX_TOKENS)
+    return ChunkMeta(segment, plan, strategy, rid, predicted)
 
 
 def decode(sampling_params: Any) -> ChunkMeta | None:

@@ -165,8 +165,17 @@ class AugmentedEngine:
         self._vocab_size = 0
         self._tasks: dict[str, asyncio.Task] = {}
         self._aborted: set[str] = set()
+        # The learned length predictor runs here, in the front end, off the engine core's critical
+        # path; the scheduler reads its predictions from each chunk's metadata.
+        self._learned: Any = None
+        if mars.learned:
+            from marsched.predict.learned import head_directory, load_model
+
+            self._learned = load_model(head_directory(mars.predictor))
 
     async def start(self) -> "AugmentedEngine":
+        if self._learned is not None:
+            await asyncio.to_thread(self._learned.encoder.load)  # the weights, before the first request
         if self.llm is None:
             self.llm = AsyncLLM.from_engine_args(self._args, stat_loggers=self._stat_loggers)
             self._vocab_size = self.llm.model_config.get_vocab_size()
@@ -212,6 +221,7 @@ class AugmentedEngine:
         max_calls: int = 16,
         request_id: str | None = None,
         strategy: Strategy | str | None = None,
+        predicted_tokens: list[int | None] | None = None,
         **sampling: Any,
     ) -> AugmentedResult:
         """Run one augmented request to its end.
@@ -220,6 +230,10 @@ class AugmentedEngine:
         `tool_tokens` maps stop token ids to tool names; the tool's argument is
         `parse_args(segment_tokens, segment_text)` (default: the segment's text).
         `strategy` overrides the policy for this request's calls (tests, benches).
+        `predicted_tokens` gives each segment's predicted output length (a trace replay's
+        predictions, `marsched bench`); without it, under the learned predictor, each segment's
+        length is predicted here from its text (the prompt, then each tool's result), the
+        context's length and the previous segment's length.
         Other keywords go to `SamplingParams` (default: greedy).
         """
         assert self.llm is not None, "call start() first"
@@ -230,7 +244,7 @@ class AugmentedEngine:
         self._tasks[rid] = asyncio.current_task()
         try:
             await self._run(result, steps, max_tokens, tool_tokens or {}, parse_args, max_calls,
-                            Strategy(strategy) if strategy else None, sampling)
+                            Strategy(strategy) if strategy else None, sampling, predicted_tokens)
         except asyncio.CancelledError:
             if rid not in self._aborted:
                 raise
@@ -268,15 +282,29 @@ class AugmentedEngine:
         return tuple(plan)
 
     def _params(self, index: int, plan: tuple[PlannedSegment, ...], rid: str, max_tokens: int,
-                 stop_token_ids: list[int], strategy: Strategy | None, sampling: dict[str, Any]) -> SamplingParams:
+                 stop_token_ids: list[int], strategy: Strategy | None, sampling: dict[str, Any],
+                 predicted: int | None = None) -> SamplingParams:
         kwargs = {"temperature": 0.0, **sampling}
-        meta = ChunkMeta(index, plan, strategy, rid)
+        meta = ChunkMeta(index, plan, strategy, rid, predicted)
         return SamplingParams(max_tokens=max_tokens, stop_token_ids=stop_token_ids or None,
                               output_kind=RequestOutputKind.DELTA, extra_args=meta.to_extra_args(), **kwargs)
 
+    async def _predict(self, index: int, token_ids: list[int], context_tokens: int, previous_tokens: int,
+                       given: list[int | None] | None) -> int | None:
+        """The segment's predicted output tokens for the chunk's metadata, or None (no prediction)."""
+        if given is not None:
+            value = given[index] if index < len(given) else None
+            return max(int(value), 1) if value is not None else None
+        if self._learned is None or self._tokenizer is None:
+            return None
+        text = self._tokenizer.decode(token_ids)
+        # In a thread: the event loop keeps streaming other requests' tokens meanwhile.
+        return await asyncio.to_thread(self._learned.predict_one, text, context_tokens, previous_tokens)
+
     async def _run(self, result: AugmentedResult, steps: list[Step] | None, max_tokens: int,
                    tool_tokens: dict[int, str], parse_args: Any, max_calls: int,
-                   strategy: Strategy | None, sampling: dict[str, Any]) -> None:
+                   strategy: Strategy | None, sampling: dict[str, Any],
+                   predicted_tokens: list[int | None] | None = None) -> None:
         plan = self._plan(steps, max_tokens)
         stop_ids = sorted(tool_tokens)
         ended: asyncio.Queue[SegmentResult] = asyncio.Queue()
@@ -300,8 +328,15 @@ class AugmentedEngine:
             nonlocal plan
             index = 0
             chunk = list(result.prompt_token_ids)
+            context = len(chunk)
+            previous = 0  # the tokens the previous segment generated
             while True:
-                params = self._params(index, plan, result.request_id, seg_max_tokens(index), stop_ids, strategy, sampling)
+                if index == 0:
+                    params = first
+                else:  # the segment after a call: predicted from the tool's result
+                    predicted = await self._predict(index, chunk[1:], context, previous, predicted_tokens)
+                    params = self._params(index, plan, result.request_id, seg_max_tokens(index), stop_ids, strategy,
+                                          sampling, predicted)
                 yield StreamingInput(prompt=TokensPrompt(prompt_token_ids=list(chunk)), sampling_params=params)
                 segment = await ended.get()
                 call = next_call(segment)
@@ -319,9 +354,12 @@ class AugmentedEngine:
                     plan = plan[:-1] + (PlannedSegment(last.output_tokens, tool.api_type, tool.expected_duration_s,
                                                        tool.expected_return_tokens), PlannedSegment(max_tokens))
                 chunk = [segment.token_ids[-1]] + segment.returned_token_ids
+                context += len(segment.token_ids) + len(segment.returned_token_ids)
+                previous = len(segment.token_ids)
                 index += 1
 
-        first = self._params(0, plan, result.request_id, seg_max_tokens(0), stop_ids, strategy, sampling)
+        predicted = await self._predict(0, result.prompt_token_ids, len(result.prompt_token_ids), 0, predicted_tokens)
+        first = self._params(0, plan, result.request_id, seg_max_tokens(0), stop_ids, strategy, sampling, predicted)
         current = SegmentResult(0)
         result.segments.append(current)
         async for out in self.llm.generate(inputs(), first, request_id=result.request_id):

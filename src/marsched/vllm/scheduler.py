@@ -35,7 +35,7 @@ import math
 import time
 import weakref
 from collections import OrderedDict
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from typing import Any
 
 from vllm.logger import init_logger
@@ -47,7 +47,7 @@ from marsched.policy import Admission, EngineLoad, KvOutlook, RequestProgress, S
 from marsched.predict import SegmentPrediction
 from marsched.vllm.config import MarsConfig
 from marsched.vllm.kv_swap import HostSwapConnector, SwapMeta
-from marsched.vllm.metadata import MetadataError, PlannedSegment, decode, workload_request
+from marsched.vllm.metadata import ChunkMeta, MetadataError, PlannedSegment, decode, workload_request
 from marsched.vllm.ranked_queue import RankedRequestQueue
 from marsched.vllm.trace import open_trace
 from marsched.metrics.trace import QUEUE_AFTER, RESUME_QUEUE, SCHEMA_VERSION
@@ -95,6 +95,7 @@ class Tracked:
     victim_key: float = 0.0
     strategies: list[str] = field(default_factory=list)  # the strategy each call ran under
     predictions: dict[int, SegmentPrediction] = field(default_factory=dict)  # at each segment's start
+    front_end_predictions: set[int] = field(default_factory=set)  # segments whose length the front end predicted
 
 
 class MarsSchedulerMixin:
@@ -246,7 +247,7 @@ class MarsSchedulerMixin:
     def _on_arrival(self, request: Request) -> None:
         now = time.monotonic()
         meta = decode(request.sampling_params)
-        plan = meta.plan if meta and meta.plan else (PlannedSegment(request.max_tokens),)
+        plan = self._with_prediction(meta.plan if meta and meta.plan else (PlannedSegment(request.max_tokens),), meta)
         rid = (meta.request_id if meta else None) or request.request_id
         for planned in plan:  # a tool's stated duration is the estimate for its type until one is observed
             if planned.api_type is not None:
@@ -256,6 +257,8 @@ class MarsSchedulerMixin:
                                    order_s=now)
         override = meta.strategy if meta and self.mars_config.allow_request_strategy else None
         tracked = Tracked(progress, rid, request.num_prompt_tokens, plan, now, now, override)
+        if meta is not None and meta.predicted is not None and self.mars_config.front_end:
+            tracked.front_end_predictions.add(meta.segment)
         self._tracked[request.request_id] = tracked
         self._emit("arrive", tracked, arrival_s=now, prompt_tokens=request.num_prompt_tokens, segments=len(plan))
         self._sync(tracked, request)
@@ -273,8 +276,21 @@ class MarsSchedulerMixin:
                                                progress.context_tokens + prediction.output_tokens,
                                                prediction.api_duration_s, "request"))
         tracked.predictions[index] = progress.predictions[index]
+        prediction = progress.predictions[index]
         # At arrival the request waits; at a later segment's start its call has just returned.
-        self._emit_assignments(tracked, before, "waiting" if index == 0 else "paused")
+        queue = "waiting" if index == 0 else "paused"
+        self._emit("predict", tracked, segment=index, queue=queue, output_tokens=prediction.output_tokens,
+                   api_s=prediction.api_duration_s, return_tokens=prediction.api_return_tokens,
+                   predictor=self.mars_policy.predictor.length.name,
+                   source="front-end" if index in tracked.front_end_predictions else "plan")
+        self._emit_assignments(tracked, before, queue)
+
+    def _with_prediction(self, plan: tuple[PlannedSegment, ...], meta: ChunkMeta | None) -> tuple[PlannedSegment, ...]:
+        """The plan with the chunk's front-end prediction as its segment's length (learned predictor only)."""
+        if meta is None or meta.predicted is None or not self.mars_config.front_end or meta.segment >= len(plan):
+            return plan
+        planned = plan[meta.segment]
+        return plan[:meta.segment] + (replace(planned, output_tokens=meta.predicted),) + plan[meta.segment + 1:]
 
     # --- calls ------------------------------------------------------------------------
 
@@ -430,7 +446,9 @@ class MarsSchedulerMixin:
         """Take the plan the chunk carries; add a segment if the request calls more than planned."""
         progress = tracked.progress
         meta = decode(session.sampling_params)
-        plan = meta.plan if meta and meta.plan else tracked.plan
+        plan = self._with_prediction(meta.plan if meta and meta.plan else tracked.plan, meta)
+        if meta is not None and meta.predicted is not None and self.mars_config.front_end:
+            tracked.front_end_predictions.add(meta.segment)
         while len(plan) <= progress.segment_index:
             last = plan[-1]
             plan = plan[:-1] + (PlannedSegment(last.output_tokens, last.api_type or ApiType.OTHER, last.api_s,
