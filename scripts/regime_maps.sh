@@ -12,7 +12,7 @@ duration=${DURATION:-300}
 mkdir -p "$out"
 m=${MARSCHED:-.venv/bin/marsched}
 # Loads from light to past INFERCEPT's knee at ×1, as in the never-loses tables.
-declare -A loads=([single]=4,8,12,14,16 [multi]=2,5,8,10,12 [agent]=0.2,0.4,0.6,0.8,1.0)
+declare -A loads=([single]=2,4,5,6,8 [multi]=0.5,1,1.5,2,3 [agent]=0.05,0.1,0.15,0.2,0.3)
 for trace in single multi agent; do
   $m regime --trace "$trace" --qps "${loads[$trace]}" --kv-scale 0.5,1,2 --api-time-scale 0.5,1,2 \
     --profile "$profile" --duration "$duration" --seed 0 --workers 1 \
