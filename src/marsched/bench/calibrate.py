@@ -56,7 +56,7 @@ class CalibrationPlan:
     prefill_tokens: tuple[int, ...] = (32, 128, 256, 512, 1024, 2048)
     decode_batches: tuple[int, ...] = (1, 4, 16, 64)
     decode_contexts: tuple[int, ...] = (128, 512, 2048)
-    decode_steps: int = 10  # output tokens per decode point (the first comes from the prefill step)
+    decode_steps: int = 10  # steps with the whole batch decoding, per decode point
     repeats: int = 5  # prefill requests per size
     swap_blocks: tuple[int, ...] = (1, 2, 4, 8, 16, 32)
     swap_repeats: int = 15
@@ -90,11 +90,12 @@ class CalibrationPlan:
 
     def check_against(self, max_model_len: int, max_tokens: int) -> None:
         """ValueError when a point does not fit the engine (one request's length, the KV cache)."""
-        longest = max(max(self.prefill_tokens) + 1, max(self.decode_contexts) + self.decode_steps)
+        longest = max(max(self.prefill_tokens) + 1, max(self.decode_contexts) + self.decode_steps + _prefill_steps(self))
         if longest > max_model_len:
             raise ValueError(f"a point needs {longest} tokens of context but the engine's max model length is "
                              f"{max_model_len}; lower --prefill-tokens/--decode-contexts or raise --kv-cache-gb")
-        widest = max(self.decode_batches) * _blocks(max(self.decode_contexts) + self.decode_steps) * BLOCK_TOKENS
+        widest = (max(self.decode_batches) * _blocks(max(self.decode_contexts) + self.decode_steps + _prefill_steps(self))
+                  * BLOCK_TOKENS)
         if widest > max_tokens:
             raise ValueError(f"the largest decode point (batch {max(self.decode_batches)} × context "
                              f"{max(self.decode_contexts)}) needs {widest} tokens of KV cache but the engine holds "
@@ -103,6 +104,11 @@ class CalibrationPlan:
 
 FAST = CalibrationPlan(prefill_tokens=(16, 64, 256), decode_batches=(1, 4), decode_contexts=(32, 256), decode_steps=4,
                        repeats=2, swap_blocks=(1, 4, 8), swap_repeats=3)
+
+
+def _prefill_steps(plan: CalibrationPlan, budget: int = 2048) -> int:
+    """Steps the largest decode point spends prefilling (its first requests decode meanwhile)."""
+    return -(-max(plan.decode_batches) * max(plan.decode_contexts) // budget)
 
 
 def _blocks(tokens: int) -> int:
@@ -129,6 +135,7 @@ class Measurements:
     unused_steps: list[dict[str, Any]] = field(default_factory=list)  # steps of the points not in a sample
     seconds: float = 0.0
     when: str = ""
+    load_average: list[float] = field(default_factory=list)  # the machine's 1-minute load at start and end
 
     @property
     def samples(self) -> list[StepSample]:
@@ -240,7 +247,7 @@ def measure(model_dir: str, plan: CalibrationPlan, echo: Echo = print) -> Measur
     # The largest prefill is one step: the budget must hold it (vLLM's default may be smaller).
     kwargs["max_num_batched_tokens"] = max(max(plan.prefill_tokens), 2048)
     kwargs["max_num_seqs"] = max(max(plan.decode_batches), 256)
-    measurements = Measurements(info, when=when)
+    measurements = Measurements(info, when=when, load_average=[round(os.getloadavg()[0], 2)])
     windows: list[tuple[str, int, int, float, float]] = []
     llm = None
     try:
@@ -279,7 +286,10 @@ def measure(model_dir: str, plan: CalibrationPlan, echo: Echo = print) -> Measur
         for index, (kind, size, batch) in enumerate(points):
             label = f"prefill {size} tokens" if kind == "prefill" else f"decode batch {batch} × context {size}"
             echo(f"[{index + 1}/{len(points)}] {label} ({time.monotonic() - started:.0f} s)")
-            outputs = 1 if kind == "prefill" else plan.decode_steps
+            # A decode point's first requests decode while the others still prefill (one budget-sized
+            # chunk per step): they must last past the prefill to give `decode_steps` steps of all B.
+            budget = measurements.engine["max_num_batched_tokens"]
+            outputs = 1 if kind == "prefill" else plan.decode_steps + -(-batch * size // budget)
             start, end = run(f"{kind}/{size}/{batch}/{index}", [size] * batch, batch, outputs)
             windows.append((kind, size, batch, start, end))
         # The engine flushes its step log at most every FLUSH_S and at a clean shutdown, which vLLM
@@ -306,6 +316,7 @@ def measure(model_dir: str, plan: CalibrationPlan, echo: Echo = print) -> Measur
     measurements.swap_out, measurements.swap_in = time_swap(info, dtype, plan.swap_blocks, plan.swap_repeats,
                                                             measurements.engine["blocks"])
     measurements.seconds = time.monotonic() - started
+    measurements.load_average.append(round(os.getloadavg()[0], 2))
     return measurements
 
 
@@ -342,7 +353,8 @@ def calibrated_profile(m: Measurements, cal: Calibration, name: str, host_swap_t
     block_bytes = info.kv_bytes_per_token * block_tokens
     per_block = (cal.swap_out.slope + cal.swap_in.slope) / 2
     link = block_bytes / per_block / _GB if per_block > 0 else math.inf
-    where = f"measured by marsched calibrate on vLLM {_vllm_version()} (CPU) with model {info.path}, {m.when}"
+    load = f", load average {'→'.join(map(str, m.load_average))} on {os.cpu_count()} CPUs" if m.load_average else ""
+    where = f"measured by marsched calibrate on vLLM {_vllm_version()} (CPU) with model {info.path}, {m.when}{load}"
     grid = (f"{len(m.prefill)} prefill sizes {[s.new_tokens for s in m.prefill]} and {len(m.decode)} decode points "
             f"(batch × context) {[(s.sequences, round(s.context_tokens / s.sequences)) for s in m.decode]}, each the "
             f"median of its steps ({sum(s.repeats for s in m.samples)} steps)")
@@ -394,6 +406,8 @@ def calibrated_profile(m: Measurements, cal: Calibration, name: str, host_swap_t
         "measurements": {
             "engine": engine,
             "seconds": round(m.seconds, 1),
+            "load_average": m.load_average,
+            "cpus": os.cpu_count(),
             "prefill": [asdict(s) for s in m.prefill],
             "decode": [asdict(s) for s in m.decode],
             "swap_out_s": m.swap_out,
