@@ -281,7 +281,9 @@ def measure(model_dir: str, plan: CalibrationPlan, echo: Echo = print) -> Measur
             return start, time.monotonic()
 
         run("warmup", [min(256, max(plan.prefill_tokens))], 1, 8)  # first passes of new shapes are slow
-        points = [("prefill", n, 1) for n in plan.prefill_tokens for _ in range(plan.repeats)]
+        # Repeats in rounds over the sizes, so that a burst of load on the shared machine spreads over
+        # sizes instead of moving one size's median.
+        points = [("prefill", n, 1) for _ in range(plan.repeats) for n in plan.prefill_tokens]
         points += [("decode", length, batch) for batch in plan.decode_batches for length in plan.decode_contexts]
         for index, (kind, size, batch) in enumerate(points):
             label = f"prefill {size} tokens" if kind == "prefill" else f"decode batch {batch} × context {size}"
