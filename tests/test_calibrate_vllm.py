@@ -48,6 +48,7 @@ def test_calibrate_fast_writes_a_loadable_profile(tiny_model, tmp_path):
         assert "measured by marsched calibrate" in data[f"{key}_source"] and "R²" in data[f"{key}_source"]
     m = data["measurements"]
     assert [s["new_tokens"] for s in m["prefill"]] == [16, 64, 256]
-    assert {(s["sequences"], round(s["context_tokens"] / s["sequences"])) for s in m["decode"]} >= {(1, 33), (4, 257)}
+    points = {(s["sequences"], round(s["context_tokens"] / s["sequences"] / 32) * 32) for s in m["decode"]}
+    assert points == {(1, 32), (1, 256), (4, 32), (4, 256)}  # context per sequence: the prompt and a few decoded
     assert m["fit"]["samples"] == len(m["prefill"]) + len(m["decode"]) >= 6
     assert data["swap_out_ms_per_block"] > 0 and data["swap_in_ms_per_block"] > 0

@@ -1,6 +1,6 @@
-"""The `marsched model` and `marsched bench` commands (registered in `marsched.cli`).
+"""The `marsched model`, `marsched bench` and `marsched calibrate` commands (registered in `marsched.cli`).
 
-Kept apart from `cli.py` so that the simulator's commands do not change with them; neither
+Kept apart from `cli.py` so that the simulator's commands do not change with them; none
 imports torch, transformers or vLLM until it runs.
 """
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -21,6 +22,9 @@ from marsched.bench.model import DTYPES, ModelDirError, ModelShape, check_out_di
 from marsched.bench.report import plot_latency, write_json
 from marsched.cli_checks import fail, positive_numbers
 from marsched.workload.loader import TRACE_NAMES
+
+if TYPE_CHECKING:
+    from marsched.bench.calibrate import Calibration, Measurements
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 errors = Console(stderr=True)
@@ -249,8 +253,6 @@ def calibrate(
     for key, value in (("decode_steps", decode_steps), ("repeats", repeats)):
         if value is not None:
             overrides[key] = value
-    from dataclasses import replace
-
     plan = replace(plan, **overrides)
     from marsched.bench.real import read_model
 
@@ -304,7 +306,7 @@ def calibrate(
     console.print(f"profile: {out}")
 
 
-def _calibration_table(m, cal) -> Table:
+def _calibration_table(m: "Measurements", cal: "Calibration") -> Table:
     table = Table(title="measured step medians and the fit (ms)", header_style="bold")
     for column in ("kind", "new tokens", "sequences", "context", "steps", "measured", "fit", "error"):
         table.add_column(column, justify="left" if column == "kind" else "right")
