@@ -124,7 +124,7 @@ def _dtype_bytes(dtype: str) -> int:
 
 @dataclass(slots=True)
 class Measurements:
-    """What `measure` saw: grid medians, every step of each point, swap times, the engine's capacity."""
+    """What `measure` saw: the grid's medians, the steps not in them, swap times, the engine's capacity."""
 
     model: ModelInfo
     prefill: list[StepSample] = field(default_factory=list)
@@ -142,11 +142,6 @@ class Measurements:
         return self.prefill + self.decode
 
 
-def _median_step(steps: list[dict[str, Any]], keep: Callable[[dict[str, Any]], bool]) -> tuple[list[dict], float]:
-    chosen = [s for s in steps if keep(s)]
-    return chosen, (statistics.median(s["step_s"] for s in chosen) if chosen else math.nan)
-
-
 def samples_from_steps(steps: list[dict[str, Any]], windows: list[tuple[str, int, int, float, float]]
                        ) -> tuple[list[StepSample], list[StepSample], list[dict[str, Any]]]:
     """Prefill and decode samples from the step log and each point's window
@@ -160,11 +155,11 @@ def samples_from_steps(steps: list[dict[str, Any]], windows: list[tuple[str, int
             chosen = [s for s in inside if s["tokens"] == size and s["seqs"] == 1]
             prefill.setdefault(size, []).extend(chosen)
         else:
-            chosen, median = _median_step(inside, lambda s: s["seqs"] == batch and s["prefill_seqs"] == 0
-                                          and s["tokens"] == batch)
+            # All B decoding together, nothing prefilling (the point's first and last steps are not).
+            chosen = [s for s in inside if s["seqs"] == batch and s["tokens"] == batch and s["prefill_seqs"] == 0]
             if chosen:
-                decode.append(StepSample(batch, round(statistics.median(s["ctx"] for s in chosen)), batch, median,
-                                         len(chosen)))
+                decode.append(StepSample(batch, round(statistics.median(s["ctx"] for s in chosen)), batch,
+                                         statistics.median(s["step_s"] for s in chosen), len(chosen)))
         used.update(id(s) for s in chosen)
     prefill_samples = [StepSample(size, size, 1, statistics.median(s["step_s"] for s in chosen), len(chosen))
                        for size, chosen in sorted(prefill.items()) if chosen]
