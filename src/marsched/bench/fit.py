@@ -39,7 +39,7 @@ class StepSample:
 @dataclass(frozen=True, slots=True)
 class FitQuality:
     r2: float  # 1 - SS_res / SS_tot (nan when the times do not vary)
-    relative_rms: float  # RMS of the residuals / mean time
+    relative_rms: float  # RMS of residual / measured time (what the relative fit minimises)
     max_relative_error: float  # largest |residual| / time
     samples: int
 
@@ -71,10 +71,10 @@ def fit_quality(observed: np.ndarray, predicted: np.ndarray) -> FitQuality:
     residual = observed - predicted
     spread = float(np.sum((observed - observed.mean()) ** 2))
     r2 = 1 - float(np.sum(residual ** 2)) / spread if spread > 0 else math.nan
-    mean = float(observed.mean())
-    rel_rms = float(np.sqrt(np.mean(residual ** 2))) / mean if mean > 0 else math.nan
-    worst = float(np.max(np.abs(residual) / observed)) if np.all(observed > 0) else math.nan
-    return FitQuality(r2, rel_rms, worst, int(observed.size))
+    if not np.all(observed > 0):
+        return FitQuality(r2, math.nan, math.nan, int(observed.size))
+    relative = residual / observed
+    return FitQuality(r2, float(np.sqrt(np.mean(relative ** 2))), float(np.max(np.abs(relative))), int(observed.size))
 
 
 def nonnegative_least_squares(x: np.ndarray, y: np.ndarray) -> np.ndarray:
