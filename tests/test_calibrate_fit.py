@@ -87,6 +87,10 @@ def test_line_fit_and_its_limits():
     assert line.slope == pytest.approx(3e-5) and line.intercept == pytest.approx(1e-4)
     with pytest.raises(ValueError, match="at least 3 points at 2 or more"):
         fit_line([4, 4, 4], [1.0, 1.0, 1.0])
+    # Noisy copies that get faster with size: a free line would give slope 0 (an infinite link);
+    # through the origin the per-block time stays positive.
+    falling = fit_line([1, 4, 8], [9e-4, 4e-4, 3e-4], through_origin=True)
+    assert falling.intercept == 0 and falling.slope == pytest.approx((9e-4 + 16e-4 + 24e-4) / 81)
 
 
 def test_plan_checks_name_the_flag():
@@ -155,8 +159,9 @@ def test_calibrated_profile_loads_with_the_measured_capacity(tmp_path):
         source = data[f"{key}_source"]
         assert "measured by marsched calibrate" in source and "/models/small" in source and "R²" in source
         assert "relative RMS" in source and "2026-11-30" in source and "samples" in source
-    # Swap: 256 KiB per block over the mean of the per-block slopes.
-    assert data["link_gb_per_s"] == pytest.approx(2048 * 128 / ((2.6e-5 + 3.7e-5) / 2) / 1e9, rel=0.1)
+    # Swap: 256 KiB per block over the mean of the per-block times (fits through the origin).
+    assert data["link_gb_per_s"] == pytest.approx(2048 * 128 / ((2.65e-5 + 3.75e-5) / 2) / 1e9, rel=0.1)
+    assert data["swap_out_ms_per_block"] == pytest.approx(0.0265, rel=0.05)
 
 
 def _base_profile() -> dict:

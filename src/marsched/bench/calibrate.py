@@ -333,8 +333,9 @@ def fit_measurements(m: Measurements) -> Calibration:
     except ValueError as error:
         raise ValueError(f"iteration-time fit: {error} ({len(m.prefill)} prefill and {len(m.decode)} decode "
                          f"samples measured)") from None
-    out = fit_line([n for n, _ in m.swap_out], [t for _, t in m.swap_out])
-    back = fit_line([n for n, _ in m.swap_in], [t for _, t in m.swap_in])
+    # Through the origin: the cost model's swap time is proportional to the tokens moved.
+    out = fit_line([n for n, _ in m.swap_out], [t for _, t in m.swap_out], through_origin=True)
+    back = fit_line([n for n, _ in m.swap_in], [t for _, t in m.swap_in], through_origin=True)
     return Calibration(iteration, out, back)
 
 
@@ -393,13 +394,11 @@ def calibrated_profile(m: Measurements, cal: Calibration, name: str, host_swap_t
         "link_source": f"{where}: {block_bytes} bytes per block / the mean of the per-block swap-out and swap-in "
                        f"times (HostSwapConnector's copy functions on the CPU KV layout)",
         "swap_out_ms_per_block": round(cal.swap_out.slope * 1e3, 6),
-        "swap_out_ms_fixed": round(cal.swap_out.intercept * 1e3, 6),
-        "swap_out_source": f"{where}: median of repeated copies of {[n for n, _ in m.swap_out]} blocks; line fit "
-                           f"{_quality(cal.swap_out)}",
+        "swap_out_source": f"{where}: median of repeated copies of {[n for n, _ in m.swap_out]} blocks; fit "
+                           f"through the origin, {_quality(cal.swap_out)}",
         "swap_in_ms_per_block": round(cal.swap_in.slope * 1e3, 6),
-        "swap_in_ms_fixed": round(cal.swap_in.intercept * 1e3, 6),
-        "swap_in_source": f"{where}: median of repeated copies of {[n for n, _ in m.swap_in]} blocks; line fit "
-                          f"{_quality(cal.swap_in)}",
+        "swap_in_source": f"{where}: median of repeated copies of {[n for n, _ in m.swap_in]} blocks; fit "
+                          f"through the origin, {_quality(cal.swap_in)}",
         "measurements": {
             "engine": engine,
             "seconds": round(m.seconds, 1),

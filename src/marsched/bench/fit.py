@@ -129,13 +129,17 @@ def fit_iteration_time(samples: list[StepSample], relative: bool = True) -> Iter
     return IterationFit(c, a, b, d, fit_quality(y, x @ beta))
 
 
-def fit_line(xs: list[float], ys: list[float]) -> LineFit:
-    """`y = intercept + slope·x`, both >= 0 (e.g. swap seconds over blocks copied)."""
+def fit_line(xs: list[float], ys: list[float], through_origin: bool = False) -> LineFit:
+    """`y = intercept + slope·x`, both >= 0 (e.g. swap seconds over blocks copied).
+
+    `through_origin`: no intercept (`y = slope·x`, as the cost model's swap time); the slope is
+    then > 0 whenever some y is, even when noise makes the times fall with x."""
     if len(xs) != len(ys):
         raise ValueError(f"{len(xs)} x values for {len(ys)} y values")
     if len(set(xs)) < 2 or len(xs) < 3:
         raise ValueError(f"a line needs at least 3 points at 2 or more x values, got {len(xs)} at {len(set(xs))}")
-    x = np.array([[1.0, v] for v in xs])
+    x = np.array([[v] if through_origin else [1.0, v] for v in xs], dtype=float)
     y = np.array(ys, dtype=float)
     beta = nonnegative_least_squares(x, y)
-    return LineFit(float(beta[0]), float(beta[1]), fit_quality(y, x @ beta))
+    intercept, slope = (0.0, float(beta[0])) if through_origin else (float(beta[0]), float(beta[1]))
+    return LineFit(intercept, slope, fit_quality(y, x @ beta))
