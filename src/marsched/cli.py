@@ -92,6 +92,20 @@ JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the metrics 
 _fail = fail
 
 
+def _profile_arg(profile: str) -> str:
+    """A --profile for the vLLM plugin: a file becomes an absolute path (vLLM's engine reads it), and a
+    profile that does not load fails here, naming the flag."""
+    from marsched.vllm.config import profile_cost
+
+    if Path(profile).is_file():
+        profile = str(Path(profile).absolute())
+    try:
+        profile_cost(profile)
+    except ValueError as error:
+        _fail(f"--profile {profile}: {error}")
+    return profile
+
+
 def _version(value: bool) -> None:
     if value:
         console.print(f"marsched {__version__}", highlight=False)
@@ -412,6 +426,9 @@ def serve(
     seconds_per_iteration: Annotated[float | None, typer.Option(help="Cost model: fixed seconds per iteration.")] = None,
     token_budget: Annotated[int | None, typer.Option(help="Cost model: tokens per iteration (0: vLLM's).")] = None,
     swap_tokens_per_s: Annotated[float | None, typer.Option(help="Cost model: host-link tokens per second.")] = None,
+    profile: Annotated[str | None, typer.Option(
+        help="Cost model from a profile (a bundled name or a .json path, e.g. from `marsched calibrate`) instead "
+             "of the placeholder --seconds-per-* defaults; the token budget stays vLLM's.")] = None,
     swap: Annotated[bool, typer.Option(help="Load the Swap strategy's KV connector (HostSwapConnector).")] = True,
     state_endpoint: Annotated[bool, typer.Option(help="Serve GET /marsched/state (read-only scheduler state).")] = True,
     cpu_kv_cache_gib: Annotated[int | None, typer.Option(
@@ -444,6 +461,14 @@ def serve(
     if token_budget is not None and token_budget < 0:
         _fail(f"--token-budget {token_budget}: give 0 (vLLM's) or a number of tokens >= 1")
     _check_outputs(trace_out=trace_out)
+    if profile is not None:
+        given = [flag for flag, value in (("--seconds-per-token", seconds_per_token),
+                                          ("--seconds-per-iteration", seconds_per_iteration),
+                                          ("--token-budget", token_budget), ("--swap-tokens-per-s", swap_tokens_per_s))
+                 if value is not None]
+        if given:
+            _fail(f"--profile sets the cost model; drop {', '.join(given)}")
+        profile = _profile_arg(profile)
     cost = CostSettings()
     cost = CostSettings(
         seconds_per_token if seconds_per_token is not None else cost.seconds_per_token,
@@ -457,7 +482,8 @@ def serve(
         mars = MarsConfig(policy=policy, starvation=starvation, starvation_threshold=starvation_threshold,
                           admission=admission, refresh_interval=refresh_interval, predictor=predictor,
                           api_estimator=api_estimator, seed=seed,
-                          trace_path=str(trace_out.absolute()) if trace_out else None, cost=cost)
+                          trace_path=str(trace_out.absolute()) if trace_out else None, cost=cost,
+                          profile=profile)
         options = ServeOptions(model, mars, host=host, port=port, swap=swap, state_endpoint=state_endpoint,
                                cpu_kv_cache_gib=cpu_kv_cache_gib, cpu_threads_bind=cpu_bind,
                                cpu_reserved_cores=cpu_reserved_cores, vllm_args=tuple(ctx.args))
@@ -471,10 +497,11 @@ def serve(
 
 
 # Real vLLM: `marsched model` builds a random-weight model, `marsched bench` replays a trace on it.
-from marsched.bench.commands import bench as _bench, model as _model  # noqa: E402
+from marsched.bench.commands import bench as _bench, calibrate as _calibrate, model as _model  # noqa: E402
 
 app.command("model")(_model)
 app.command("bench")(_bench)
+app.command("calibrate")(_calibrate)
 
 # The regime map: MARS against INFERCEPT over load × KV capacity × API time, on the simulator.
 from marsched.regime.command import regime as _regime  # noqa: E402

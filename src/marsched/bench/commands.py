@@ -1,6 +1,6 @@
-"""The `marsched model` and `marsched bench` commands (registered in `marsched.cli`).
+"""The `marsched model`, `marsched bench` and `marsched calibrate` commands (registered in `marsched.cli`).
 
-Kept apart from `cli.py` so that the simulator's commands do not change with them; neither
+Kept apart from `cli.py` so that the simulator's commands do not change with them; none
 imports torch, transformers or vLLM until it runs.
 """
 
@@ -9,8 +9,9 @@ from __future__ import annotations
 import importlib.util
 import os
 import sys
+from dataclasses import replace
 from pathlib import Path
-from typing import Annotated
+from typing import TYPE_CHECKING, Annotated
 
 import typer
 from rich.console import Console
@@ -21,6 +22,9 @@ from marsched.bench.model import DTYPES, ModelDirError, ModelShape, check_out_di
 from marsched.bench.report import plot_latency, write_json
 from marsched.cli_checks import fail, positive_numbers
 from marsched.workload.loader import TRACE_NAMES
+
+if TYPE_CHECKING:
+    from marsched.bench.calibrate import Calibration, Measurements
 
 console = Console(width=None if sys.stdout.isatty() else 150)
 errors = Console(stderr=True)
@@ -124,6 +128,9 @@ def bench(
     api_estimator: Annotated[str, typer.Option(help="API-duration estimate: type-mean or oracle.")] = "type-mean",
     dtype: Annotated[str, typer.Option(help="auto (the model's), bfloat16 or float32.")] = "auto",
     strict: Annotated[bool, typer.Option("--strict", help="Reject trace values otherwise read leniently.")] = False,
+    profile: Annotated[str | None, typer.Option(
+        help="The plugin's cost model from a profile (a bundled name or a .json path, e.g. from `marsched "
+             "calibrate`); default: the placeholder CostSettings.")] = None,
 ) -> None:
     """Replay a trace on real vLLM (MarsScheduler, host swap), one engine per policy and load.
 
@@ -134,7 +141,7 @@ def bench(
     rates = positive_numbers(qps, "--qps", "0.5,1,2")
     names = tuple(p.strip() for p in policies.split(",") if p.strip())
     spec = BenchSpec(str(model_dir), trace, names, tuple(rates), duration, seed, api_time_scale, token_scale,
-                     kv_cache_gb, max_requests, max_model_len, predictor, api_estimator, strict, dtype)
+                     kv_cache_gb, max_requests, max_model_len, predictor, api_estimator, strict, dtype, profile)
     try:
         spec.check()
         plan_engine(spec, read_model(model_dir))  # a KV cache too small for one block fails here
@@ -197,3 +204,117 @@ def bench(
         _fail(result.error)
     if result.partial:
         raise typer.Exit(130)
+
+
+# --- marsched calibrate ----------------------------------------------------------------------
+
+
+def _whole_numbers(text: str, flag: str) -> tuple[int, ...]:
+    try:
+        values = tuple(int(v) for v in text.split(",") if v.strip())
+    except ValueError:
+        _fail(f"{flag} {text!r}: give comma-separated whole numbers, e.g. 1,4,16")
+    return values
+
+
+def calibrate(
+    model_dir: Annotated[Path, typer.Option("--model", help="Model directory (`marsched model --out DIR`).")],
+    out: Annotated[Path, typer.Option("--out", help="Write the fitted profile (JSON) here.")],
+    name: Annotated[str | None, typer.Option(help="The profile's name (default: the --out file's stem).")] = None,
+    kv_cache_gb: Annotated[float | None, typer.Option(
+        help="KV cache size in GiB (fractional allowed, as in bench); default: VLLM_CPU_KVCACHE_SPACE if set, "
+             "else 1 GiB. The profile's device capacity is what the engine reports.")] = None,
+    host_swap_gb: Annotated[float | None, typer.Option(
+        help="Host memory for swapped KV in the profile, in GB (default: the vLLM plugin's host_swap_tokens).")] = None,
+    prefill_tokens: Annotated[str | None, typer.Option(help="Prefill sizes to time (comma-separated tokens).")] = None,
+    decode_batches: Annotated[str | None, typer.Option(help="Decode batch sizes (comma-separated).")] = None,
+    decode_contexts: Annotated[str | None, typer.Option(help="Decode context lengths (comma-separated tokens).")] = None,
+    decode_steps: Annotated[int | None, typer.Option(help="Output tokens per decode point.")] = None,
+    repeats: Annotated[int | None, typer.Option(help="Requests per prefill size (the median is kept).")] = None,
+    swap_blocks: Annotated[str | None, typer.Option(help="Block counts of the swap copies (comma-separated).")] = None,
+    fast: Annotated[bool, typer.Option("--fast", help="A few points only (tests, a first look): "
+                                                      "prefill 16,64,256; decode 1,4 × 32,256.")] = False,
+    dtype: Annotated[str, typer.Option(help="auto (the model's), bfloat16 or float32.")] = "auto",
+    force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out.")] = False,
+) -> None:
+    """Measure real vLLM and fit a simulator profile: t = c + a·new tokens + b·context tokens + d·sequences.
+
+    Times vLLM's steps (the scheduler's step timer, as bench) for prefills of several sizes and decodes over a batch × context grid, medians of repeats; times the Swap connector's block copies each way; reads the engine's KV capacity. Writes a profile JSON for `simulate --profile` and the vLLM plugin (`--profile`), every constant with its source and fit error. A few minutes with the defaults.
+    """
+    from marsched.bench.calibrate import FAST, CalibrationPlan
+
+    plan = FAST if fast else CalibrationPlan()
+    overrides: dict = {"kv_cache_gb": kv_cache_gb, "host_swap_gb": host_swap_gb, "dtype": dtype}
+    for key, text, flag in (("prefill_tokens", prefill_tokens, "--prefill-tokens"),
+                            ("decode_batches", decode_batches, "--decode-batches"),
+                            ("decode_contexts", decode_contexts, "--decode-contexts"),
+                            ("swap_blocks", swap_blocks, "--swap-blocks")):
+        if text is not None:
+            overrides[key] = _whole_numbers(text, flag)
+    for key, value in (("decode_steps", decode_steps), ("repeats", repeats)):
+        if value is not None:
+            overrides[key] = value
+    plan = replace(plan, **overrides)
+    from marsched.bench.real import read_model
+
+    try:
+        plan.check()
+        read_model(model_dir)
+    except ValueError as error:
+        _fail(str(error))
+    if out.exists() and not force:
+        _fail(f"--out {out}: exists; add --force to overwrite it")
+    if not out.parent.is_dir():
+        _fail(f"--out {out}: directory {out.parent} does not exist")
+    _need_vllm("calibrate")
+    os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
+    from marsched.bench.calibrate import calibrated_profile, fit_measurements, measure
+    from marsched.vllm.config import MarsConfig
+
+    def echo(line: str) -> None:
+        errors.print(line, highlight=False)
+
+    try:
+        measured = measure(str(model_dir), plan, echo)
+    except ValueError as error:
+        _fail(str(error))
+    except Exception as error:  # noqa: BLE001 - vLLM failing: one line, its log is above
+        _fail(f"vLLM failed ({type(error).__name__}: {error}); its log is above")
+    try:
+        fitted = fit_measurements(measured)
+    except ValueError as error:
+        _fail(str(error))
+    host_tokens = (MarsConfig().host_swap_tokens if plan.host_swap_gb is None
+                   else int(plan.host_swap_gb * 1e9 // measured.model.kv_bytes_per_token))
+    profile = calibrated_profile(measured, fitted, name or out.stem, host_tokens)
+    from marsched.sim.profile import profile_from_dict
+
+    profile_from_dict(profile, str(out))  # what we write must load
+    write_json(profile, out)
+    console.print(_calibration_table(measured, fitted))
+    it = fitted.iteration
+    q = it.quality
+    console.print(f"fit: t = {it.c * 1e3:.3f} ms + {it.a * 1e3:.5f} ms·new tokens + {it.b * 1e6:.5f} µs·context tokens "
+                  f"+ {it.d * 1e3:.4f} ms·sequences; R² {q.r2:.4f}, relative RMS {q.relative_rms:.1%}, worst "
+                  f"{q.max_relative_error:.1%} over {q.samples} samples", highlight=False)
+    held = profile["measurements"]["held_out"]
+    if held.get("steps"):
+        console.print(f"held-out steps (prefill of the decode points, not fitted): {held['steps']}, median relative "
+                      f"error {held['median_relative_error']:.1%}, p90 {held['p90_relative_error']:.1%}", highlight=False)
+    console.print(f"swap per block: out {fitted.swap_out.slope * 1e3:.4f} ms, in {fitted.swap_in.slope * 1e3:.4f} ms "
+                  f"(link {profile['link_gb_per_s']:g} GB/s); KV cache {profile['device_blocks']} blocks × "
+                  f"{profile['block_tokens']} tokens; {measured.seconds:.0f} s", highlight=False)
+    console.print(f"profile: {out}")
+
+
+def _calibration_table(m: "Measurements", cal: "Calibration") -> Table:
+    table = Table(title="measured step medians and the fit (ms)", header_style="bold")
+    for column in ("kind", "new tokens", "sequences", "context", "steps", "measured", "fit", "error"):
+        table.add_column(column, justify="left" if column == "kind" else "right")
+    it = cal.iteration
+    for kind, samples in (("prefill", m.prefill), ("decode", m.decode)):
+        for s in samples:
+            predicted = it.predict(s.new_tokens, s.context_tokens, s.sequences)
+            table.add_row(kind, str(s.new_tokens), str(s.sequences), str(s.context_tokens), str(s.repeats),
+                          f"{s.seconds * 1e3:.2f}", f"{predicted * 1e3:.2f}", f"{(predicted / s.seconds - 1):+.1%}")
+    return table

@@ -326,6 +326,7 @@ class BenchSpec:
     api_estimator: str = "type-mean"
     strict: bool = False
     dtype: str = "auto"  # auto: the model's own (config.json)
+    profile: str | None = None  # the plugin's cost model (a profile name or .json path); None: placeholders
 
     def check(self) -> None:
         from marsched.predict import parse_api_estimator, parse_length_predictor
@@ -359,6 +360,13 @@ class BenchSpec:
             raise ValueError(f"--dtype {self.dtype}: valid: auto, bfloat16, float32")
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"--seed {self.seed}: give an integer from 0 to 2^32-1")
+        if self.profile is not None:
+            from marsched.vllm.config import profile_cost
+
+            try:
+                profile_cost(self.profile)
+            except ValueError as error:
+                raise ValueError(f"--profile {self.profile}: {error}") from None
 
 
 @dataclass(frozen=True, slots=True)
@@ -559,6 +567,8 @@ async def _run_point(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy
     if plan.num_gpu_blocks is not None:
         engine_kwargs["num_gpu_blocks_override"] = plan.num_gpu_blocks
     mars = {"predictor": spec.predictor, "api_estimator": spec.api_estimator, "seed": spec.seed}
+    if spec.profile is not None:  # the engine core reads the file: an absolute path
+        mars["profile"] = str(Path(spec.profile).absolute()) if Path(spec.profile).is_file() else spec.profile
     engine = AugmentedEngine(spec.model, policy=policy, tools=_tools(model.vocab), trace_path=str(trace_path),
                              mars=mars, scheduler_cls=STEP_TIMED_MARS, **engine_kwargs)
     outcomes: list[Outcome] = []
@@ -654,7 +664,7 @@ def _record(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy: str, qp
     from marsched.vllm.config import MarsConfig
 
     rules = MarsConfig(policy=policy, predictor=spec.predictor, api_estimator=spec.api_estimator,
-                       seed=spec.seed).build_policy(token_budget=max(capacity.get("max_num_batched_tokens", 1), 1))
+                       seed=spec.seed, profile=spec.profile).build_policy(token_budget=max(capacity.get("max_num_batched_tokens", 1), 1))
     record: dict[str, Any] = {
         "engine": "vllm",
         "policy": policy,
@@ -681,6 +691,7 @@ def _record(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy: str, qp
         "kv_cache": capacity,
         "api_time_scale": spec.api_time_scale,
         "token_scale": spec.token_scale,
+        "cost_profile": spec.profile,
         "isolated_source": "estimate: simulator isolated_latency() with c + a·tokens fitted to this run's steps",
         "client_lag_mean_s": float(np.mean(submitted)) if submitted else math.nan,
         "errors": errors[:5],

@@ -58,18 +58,21 @@ class StepTimerMixin:
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
+        # Context before the update: `schedule()` already counted this step's tokens as computed, and
+        # the update drops the requests that finish (their context would be missing from the last step).
+        counts = scheduler_output.num_scheduled_tokens
+        ctx = 0
+        if self._step_file is not None:
+            for rid in counts:
+                request = self.requests.get(rid)
+                if request is not None:
+                    ctx += request.num_computed_tokens
         begin = time.monotonic()
         result = super().update_from_output(scheduler_output, model_runner_output)
         if self._step_file is not None and self._step_open is not None:
             start, sched_s = self._step_open
             self._step_open = None
             end = time.monotonic()
-            counts = scheduler_output.num_scheduled_tokens
-            ctx = 0
-            for rid in counts:
-                request = self.requests.get(rid)
-                if request is not None:
-                    ctx += request.num_computed_tokens
             self._step_lines.append(json.dumps({
                 "t": round(start, 6), "sched_s": round(sched_s, 7), "update_s": round(end - begin, 7),
                 "step_s": round(end - start, 7),

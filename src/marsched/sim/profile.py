@@ -74,6 +74,42 @@ def _optional_nonnegative(data: dict, key: str, origin: str) -> float:
     return value
 
 
+def _blocks(data: dict, key: str, origin: str, least: int) -> int:
+    value = data[key]
+    if isinstance(value, bool) or not isinstance(value, int) or value < least:
+        raise ValueError(f"{origin}: field {key!r} must be a whole number of blocks >= {least}, got {value!r}")
+    return value
+
+
+def _capacity(data: dict, origin: str, block_bytes: float) -> tuple[int, int]:
+    """(device blocks, host blocks): stated directly (a measured profile: `device_blocks`,
+    `host_blocks`, what the engine reported) or derived from memory sizes (`gpus` ×
+    `gpu_memory_gb` × `gpu_memory_utilization` less the weights; `host_swap_gb`). Not both."""
+    derived_device = ("gpus", "gpu_memory_gb", "gpu_memory_utilization")
+    if "device_blocks" in data:
+        both = [key for key in derived_device if key in data]
+        if both:
+            raise ValueError(f"{origin}: give either 'device_blocks' (measured) or {', '.join(map(repr, derived_device))} "
+                             f"(derived), not both; found {', '.join(map(repr, both))}")
+        device_blocks = _blocks(data, "device_blocks", origin, 1)
+    else:
+        model = data["model"]
+        parameters = _number(model, "parameters", f"{origin} model")
+        usable_bytes = (_number(data, "gpus", origin) * _number(data, "gpu_memory_gb", origin) * _GB
+                        * _number(data, "gpu_memory_utilization", origin))
+        kv_bytes = usable_bytes - parameters * _number(model, "dtype_bytes", f"{origin} model")
+        if kv_bytes <= 0:
+            raise ValueError(f"{origin}: the model's weights do not leave room for a KV cache")
+        device_blocks = int(kv_bytes // block_bytes)
+    if "host_blocks" in data:
+        if "host_swap_gb" in data:
+            raise ValueError(f"{origin}: give either 'host_blocks' or 'host_swap_gb', not both")
+        host_blocks = _blocks(data, "host_blocks", origin, 0)
+    else:
+        host_blocks = int(_number(data, "host_swap_gb", origin, positive=False) * _GB // block_bytes)
+    return device_blocks, host_blocks
+
+
 def profile_from_dict(data: dict, origin: str) -> Profile:
     if not isinstance(data, dict) or not isinstance(data.get("model"), dict):
         raise ValueError(f"{origin}: a profile is an object with a 'model' object")
@@ -82,14 +118,9 @@ def profile_from_dict(data: dict, origin: str) -> Profile:
     layers = _number(model, "layers", model_origin)
     kv_hidden = _number(model, "kv_hidden_size", model_origin)
     dtype_bytes = _number(model, "dtype_bytes", model_origin)
-    parameters = _number(model, "parameters", model_origin)
-    gpus = _number(data, "gpus", origin)
     kv_bytes_per_token = 2 * layers * kv_hidden * dtype_bytes  # K and V, every layer
-    usable_bytes = gpus * _number(data, "gpu_memory_gb", origin) * _GB * _number(data, "gpu_memory_utilization", origin)
-    kv_bytes = usable_bytes - parameters * dtype_bytes
-    if kv_bytes <= 0:
-        raise ValueError(f"{origin}: the model's weights do not leave room for a KV cache")
     block_tokens = int(_number(data, "block_tokens", origin))
+    device_blocks, host_blocks = _capacity(data, origin, kv_bytes_per_token * block_tokens)
     link_bytes_per_s = _number(data, "link_gb_per_s", origin) * _GB
     cost = CostModel(
         seconds_per_token=_number(data, "iteration_ms_per_token", origin) / 1000,
@@ -104,8 +135,8 @@ def profile_from_dict(data: dict, origin: str) -> Profile:
         name=str(data.get("name", origin)),
         description=str(data.get("description", "")),
         kv_bytes_per_token=kv_bytes_per_token,
-        device_blocks=int(kv_bytes // (kv_bytes_per_token * block_tokens)),
-        host_blocks=int(_number(data, "host_swap_gb", origin, positive=False) * _GB // (kv_bytes_per_token * block_tokens)),
+        device_blocks=device_blocks,
+        host_blocks=host_blocks,
         block_tokens=block_tokens,
         cost=cost,
     )

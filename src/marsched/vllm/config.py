@@ -13,7 +13,8 @@ from __future__ import annotations
 
 import json
 import os
-from dataclasses import asdict, dataclass, field, fields
+from dataclasses import asdict, dataclass, field, fields, replace
+from pathlib import Path
 from typing import Any
 
 from marsched.policy import CostModel, Policy, make_policy, parse_threshold
@@ -38,6 +39,19 @@ class CostSettings:
     swap_tokens_per_s: float = 1e6
 
 
+def profile_cost(name_or_path: str) -> CostModel:
+    """The cost model of a profile (bundled name or .json path); ValueError naming the file."""
+    from marsched.sim.profile import load_profile  # profiles are data; the simulator is not run
+
+    path = Path(name_or_path)
+    if (path.suffix == ".json" or os.sep in name_or_path) and not path.is_file():
+        raise ValueError(f"no profile file {name_or_path} (working directory {os.getcwd()})")
+    try:
+        return load_profile(name_or_path).cost
+    except OSError as error:
+        raise ValueError(f"{name_or_path}: cannot read it ({error})") from None
+
+
 @dataclass(frozen=True, slots=True)
 class MarsConfig:
     policy: str = "mars"  # mars, infercept, vllm, sjf, preserve, discard, swap
@@ -53,9 +67,18 @@ class MarsConfig:
     host_swap_tokens: int = 1 << 22  # host memory for swapped KV, in tokens
     allow_request_strategy: bool = True  # honour a per-request strategy override (tests, benches)
     cost: CostSettings = field(default_factory=CostSettings)
+    # A profile (bundled name or .json path, e.g. from `marsched calibrate`): its cost model
+    # replaces `cost`, with vLLM's token budget. A relative path is read from the engine's
+    # working directory: give an absolute one to a server started elsewhere.
+    profile: str | None = None
 
     def __post_init__(self) -> None:
         # Validate early, in the caller's process, with a clear message.
+        if self.profile is not None:
+            if not isinstance(self.profile, str) or not self.profile:
+                raise ValueError(f"marsched config 'profile': give a profile name or a .json path, got {self.profile!r}")
+            if self.cost != CostSettings():
+                raise ValueError("marsched config: give either 'profile' (a measured cost model) or 'cost', not both")
         self.build_policy(token_budget=1)
 
     # --- (de)serialization --------------------------------------------------------
@@ -102,6 +125,11 @@ class MarsConfig:
     # --- the policy ---------------------------------------------------------------
 
     def cost_model(self, token_budget: int) -> CostModel:
+        if self.profile is not None:
+            try:
+                return replace(profile_cost(self.profile), token_budget=token_budget)
+            except ValueError as error:
+                raise ValueError(f"marsched config 'profile': {error}") from None
         c = self.cost
         return CostModel(c.seconds_per_token, c.seconds_per_iteration, c.token_budget or token_budget, c.swap_tokens_per_s)
 

@@ -40,6 +40,24 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
 )
 
 
+def copy_blocks_out(kv_caches: dict[str, torch.Tensor], block_dim: dict[str, int], ids: list[int]) -> dict[str, torch.Tensor]:
+    """Host copies of blocks `ids` of every layer (the Swap connector's swap-out; `calibrate` times it)."""
+    copies = {}
+    for name, kv in kv_caches.items():
+        idx = torch.tensor(ids, dtype=torch.long, device=kv.device)
+        copies[name] = kv.index_select(block_dim[name], idx).to("cpu", copy=True)
+    return copies
+
+
+def copy_blocks_in(kv_caches: dict[str, torch.Tensor], block_dim: dict[str, int], saved: dict[str, torch.Tensor],
+                   ids: list[int], first: int = 0) -> None:
+    """Write saved blocks `first`, `first + 1`, ... of every layer into device blocks `ids` (swap-in)."""
+    for name, kv in kv_caches.items():
+        dim = block_dim[name]
+        src = saved[name].narrow(dim, first, len(ids)).to(kv.device)
+        kv.index_copy_(dim, torch.tensor(ids, dtype=torch.long, device=kv.device), src)
+
+
 @dataclass
 class SwapMeta(KVConnectorMetadata):
     swap_out: list[tuple[str, list[int]]] = field(default_factory=list)
@@ -161,20 +179,12 @@ class HostSwapConnector(KVConnectorBase_V1):
             self.host.pop(rid, None)
         for rid, ids in meta.swap_out:
             started = time.perf_counter()
-            copies = {}
-            for name, kv in self.kv_caches.items():
-                idx = torch.tensor(ids, dtype=torch.long, device=kv.device)
-                copies[name] = kv.index_select(self._block_dim[name], idx).to("cpu", copy=True)
-            self.host[rid] = copies
+            self.host[rid] = copy_blocks_out(self.kv_caches, self._block_dim, ids)
             self.stats["out_blocks"] += len(ids)
             self.stats["out_s"] += time.perf_counter() - started
         for rid, ids, first in meta.swap_in:
             started = time.perf_counter()
-            saved = self.host.pop(rid)
-            for name, kv in self.kv_caches.items():
-                dim = self._block_dim[name]
-                src = saved[name].narrow(dim, first, len(ids)).to(kv.device)
-                kv.index_copy_(dim, torch.tensor(ids, dtype=torch.long, device=kv.device), src)
+            copy_blocks_in(self.kv_caches, self._block_dim, self.host.pop(rid), ids, first)
             self.stats["in_blocks"] += len(ids)
             self.stats["in_s"] += time.perf_counter() - started
         if (meta.swap_out or meta.swap_in) and torch.cuda.is_available():

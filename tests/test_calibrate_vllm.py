@@ -1,0 +1,54 @@
+"""`marsched calibrate --fast` on real vLLM (CPU) with the tests' tiny model: the profile it writes
+loads, states the engine's measured capacity, and every fitted constant says where it comes from.
+
+A fast plan (3 prefill sizes, 2 × 2 decode points, few repeats): under a minute on 2 cores, most
+of it vLLM's start-up. The fit's quality is not checked (the tiny model is framework overhead and
+the machine is shared); the real calibration is in results/calibrated-cpu.json.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from marsched.bench.real import kv_blocks_for  # noqa: E402
+from marsched.sim.profile import load_profile  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(400)]
+
+KV_GB = 0.02
+
+
+def test_calibrate_fast_writes_a_loadable_profile(tiny_model, tmp_path):
+    out = tmp_path / "calibrated.json"
+    env = {key: value for key, value in os.environ.items() if key != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    run = subprocess.run([sys.executable, "-m", "marsched.cli", "calibrate", "--model", tiny_model, "--out", str(out),
+                          "--fast", "--kv-cache-gb", str(KV_GB)], capture_output=True, text=True, env=env,
+                         timeout=380)
+    assert run.returncode == 0, run.stderr[-3000:]
+    for line in ("starting vLLM", "[1/", "decode batch 4 × context 256", "swap copies"):
+        assert line in run.stderr  # progress
+    assert "fit: t =" in run.stdout and "R²" in run.stdout and f"profile: {out}" in " ".join(run.stdout.split())
+
+    data = json.loads(out.read_text())
+    profile = load_profile(str(out))
+    blocks = kv_blocks_for(KV_GB, 2 * 2 * 2 * 32 * 4) - 1  # float32 tiny model: 1,024 bytes per token; null block
+    assert profile.device_blocks == data["device_blocks"] == blocks and profile.block_tokens == 128
+    assert profile.kv_bytes_per_token == 1024
+    assert profile.cost.seconds_per_iteration > 0 and profile.cost.swap_tokens_per_s > 0
+    for key in ("iteration_ms_fixed", "iteration_ms_per_token", "iteration_us_per_context_token",
+                "iteration_ms_per_sequence"):
+        assert data[key] >= 0
+        assert "measured by marsched calibrate" in data[f"{key}_source"] and "R²" in data[f"{key}_source"]
+    m = data["measurements"]
+    assert [s["new_tokens"] for s in m["prefill"]] == [16, 64, 256]
+    points = {(s["sequences"], round(s["context_tokens"] / s["sequences"] / 32) * 32) for s in m["decode"]}
+    assert points == {(1, 32), (1, 256), (4, 32), (4, 256)}  # context per sequence: the prompt and a few decoded
+    assert m["fit"]["samples"] == len(m["prefill"]) + len(m["decode"]) >= 6
+    assert data["swap_out_ms_per_block"] > 0 and data["swap_in_ms_per_block"] > 0
