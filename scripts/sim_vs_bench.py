@@ -1,0 +1,87 @@
+"""The simulator against a `marsched bench` run: the same requests on a profile, side by side.
+
+    .venv/bin/python scripts/sim_vs_bench.py BENCH.json --profile PROFILE.json [--json OUT]
+
+For every record of the bench run, the simulator replays the stream that point replayed (the
+trace, seed, rate, duration, token and API-time scales and context limit of the record) with
+the record's policy, on the profile with its device KV blocks set to what the bench's engine
+had. It prints the bench's and the simulator's mean end-to-end latency, the error, and
+whether the two rank the policies in the same order at each rate.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from dataclasses import replace
+from pathlib import Path
+
+from marsched.bench.real import bench_requests
+from marsched.bench.runner import RunSpec
+from marsched.metrics.records import summarize
+from marsched.sim.engine import Simulator
+from marsched.workload.loader import load_trace
+
+
+def simulate_point(record: dict, profile_path: str) -> dict:
+    """The simulator's summary for the stream one bench record replayed."""
+    # Records name the segment predictor as LENGTH+api:ESTIMATOR.
+    length, _, estimator = record.get("predictor", "oracle+api:type-mean").partition("+api:")
+    spec = RunSpec(policy=record["policy"], qps=record["qps"], trace=record["trace"], profile=profile_path,
+                   duration_s=record["duration_s"], seed=record["seed"], predictor=length,
+                   api_estimator=estimator or "type-mean")
+    profile, policy = spec.build()
+    kv = record["kv_cache"]
+    profile = replace(profile, device_blocks=kv["blocks"], block_tokens=kv["block_tokens"],
+                      cost=replace(profile.cost, token_budget=kv["max_num_batched_tokens"]))
+    templates = load_trace(record["trace"])
+    requests = bench_requests(templates, record["qps"], record["duration_s"], record["seed"], record["token_scale"],
+                              kv["max_model_len"], record["api_time_scale"], record.get("max_requests"))
+    result = Simulator(requests, profile, policy).run()
+    return summarize(result.records)
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("bench_json")
+    parser.add_argument("--profile", required=True, help="a profile name or .json path (e.g. from marsched calibrate)")
+    parser.add_argument("--json", help="write the comparison here")
+    args = parser.parse_args()
+    try:
+        records = json.loads(Path(args.bench_json).read_text())
+        if not isinstance(records, list) or not all(isinstance(r, dict) for r in records):
+            raise ValueError("expected a list of records")
+    except (OSError, ValueError) as error:
+        print(f"error: {args.bench_json}: not a marsched bench JSON ({error})", file=sys.stderr)
+        return 2
+    rows = []
+    for record in records:
+        if record.get("partial") or record.get("engine") != "vllm":
+            continue
+        sim = simulate_point(record, args.profile)
+        rows.append({"qps": record["qps"], "policy": record["policy"], "bench_e2e_mean_s": record["e2e_mean_s"],
+                     "sim_e2e_mean_s": sim["e2e_mean_s"], "bench_e2e_p99_s": record["e2e_p99_s"],
+                     "sim_e2e_p99_s": sim["e2e_p99_s"],
+                     "error": sim["e2e_mean_s"] / record["e2e_mean_s"] - 1})
+    print("| qps | policy | bench mean s | sim mean s | error | bench p99 s | sim p99 s |")
+    print("| --- | --- | --- | --- | --- | --- | --- |")
+    for r in rows:
+        print(f"| {r['qps']:g} | {r['policy']} | {r['bench_e2e_mean_s']:.2f} | {r['sim_e2e_mean_s']:.2f} | "
+              f"{r['error']:+.0%} | {r['bench_e2e_p99_s']:.2f} | {r['sim_e2e_p99_s']:.2f} |")
+    orders = {}
+    for qps in sorted({r["qps"] for r in rows}):
+        at = [r for r in rows if r["qps"] == qps]
+        bench_order = [r["policy"] for r in sorted(at, key=lambda r: r["bench_e2e_mean_s"])]
+        sim_order = [r["policy"] for r in sorted(at, key=lambda r: r["sim_e2e_mean_s"])]
+        orders[qps] = {"bench": bench_order, "sim": sim_order, "same": bench_order == sim_order}
+        print(f"qps {qps:g}: bench order {' < '.join(bench_order)}; simulator {' < '.join(sim_order)}"
+              f"{'' if bench_order == sim_order else '  (differs)'}")
+    if args.json:
+        Path(args.json).write_text(json.dumps({"bench": args.bench_json, "profile": args.profile, "rows": rows,
+                                               "orders": {str(k): v for k, v in orders.items()}}, indent=1) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
