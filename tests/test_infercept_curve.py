@@ -1,0 +1,33 @@
+"""scripts/infercept_curve.py: where a normalized-latency curve crosses its knee thresholds."""
+
+from __future__ import annotations
+
+import importlib.util
+from pathlib import Path
+
+import pytest
+
+SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "infercept_curve.py"
+
+
+@pytest.fixture(scope="module")
+def curve():
+    spec = importlib.util.spec_from_file_location("infercept_curve", SCRIPT)
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+def test_the_crossing_is_interpolated_between_the_rates_around_it(curve):
+    points = [(1.0, 20.0), (1.5, 30.0), (2.0, 60.0)]
+    assert curve.interpolated_crossing(points, 40.0) == pytest.approx(1.5 + 0.5 * (10 / 30))
+    assert curve.interpolated_crossing(list(reversed(points)), 25.0) == pytest.approx(1.25)  # order does not matter
+    assert curve.interpolated_crossing(points, 100.0) is None
+    assert curve.interpolated_crossing(points, 10.0) == 1.0  # already above at the first rate
+
+
+def test_knees_are_multiples_of_the_value_at_one_request_per_second(curve):
+    points = [(1.0, 19.0), (1.5, 30.0), (2.0, 113.0)]
+    knees = curve.knees(points)
+    assert knees["2x"] == pytest.approx(1.5 + 0.5 * (38 - 30) / (113 - 30))
+    assert curve.knees([(1.2, 20.0), (2.0, 50.0)]) == {key: None for key in knees}  # no light-load point
