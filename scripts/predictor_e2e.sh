@@ -9,7 +9,7 @@ out=results/predictor
 mkdir -p "$out"
 m=${M:-.venv/bin/marsched}
 duration=${DURATION:-300}
-declare -A loads=([single]=12,14,16 [multi]=8,10,12)
+declare -A loads=([single]=5,6,8 [multi]=2,2.5,3)
 for trace in single multi; do
   qps=${loads[$trace]}
   $m compare --trace "$trace" --policies infercept --qps "$qps" --duration "$duration" \
