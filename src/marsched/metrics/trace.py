@@ -53,6 +53,22 @@ QUEUE_AFTER: dict[str, Queue] = {
 RESUME_QUEUE: dict[str, Queue] = {"device": Queue.RUNNING, "waiting": Queue.WAITING, "host": Queue.SWAPPED}
 
 
+def event_fields(event: str, iteration: int, segment: int | None, fields: dict[str, Any],
+                 kv_device_blocks: int, kv_host_blocks: int) -> dict[str, Any]:
+    """The fields every event carries (`trace.schema.json`) around the event's own: a request's
+    events (`segment` given) add where the request is after the event, unless the event says."""
+    common: dict[str, Any] = {"iteration": iteration}
+    if segment is not None:
+        common["segment"] = segment
+        queue = QUEUE_AFTER.get(event) or RESUME_QUEUE.get(fields.get("where"))
+        if queue is not None:
+            common["queue"] = queue.value
+    common.update(fields)
+    common["kv_device_blocks"] = kv_device_blocks
+    common["kv_host_blocks"] = kv_host_blocks
+    return common
+
+
 class EventTrace:
     """Collects events; `TraceFile` writes them. The base class drops them (no trace asked for)."""
 

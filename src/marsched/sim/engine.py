@@ -28,7 +28,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from marsched.metrics.records import RequestRecord
-from marsched.metrics.trace import QUEUE_AFTER, RESUME_QUEUE, SCHEMA_VERSION, EventTrace
+from marsched.metrics.trace import SCHEMA_VERSION, EventTrace, event_fields
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy
 from marsched.policy.progress import RequestProgress, StrategyAssignment
@@ -241,15 +241,8 @@ class Simulator:
         """One trace event with the fields every event carries (`metrics/trace.schema.json`)."""
         if not self.trace.enabled:
             return
-        common = {"iteration": self.iteration}
-        if sim_request is not None:
-            common["segment"] = sim_request.progress.segment_index
-            queue = QUEUE_AFTER.get(event) or RESUME_QUEUE.get(fields.get("where"))
-            if queue is not None:
-                common["queue"] = queue.value
-        common.update(fields)
-        common["kv_device_blocks"] = self.device.used
-        common["kv_host_blocks"] = self.host.used
+        segment = sim_request.progress.segment_index if sim_request is not None else None
+        common = event_fields(event, self.iteration, segment, fields, self.device.used, self.host.used)
         self.trace.emit(event, self.now if t is None else t, sim_request.rid if sim_request else None, **common)
 
     def _take_returns(self) -> None:

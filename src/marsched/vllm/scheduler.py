@@ -50,7 +50,7 @@ from marsched.vllm.kv_swap import HostSwapConnector, SwapMeta
 from marsched.vllm.metadata import ChunkMeta, MetadataError, PlannedSegment, decode, workload_request
 from marsched.vllm.ranked_queue import RankedRequestQueue
 from marsched.vllm.trace import open_trace
-from marsched.metrics.trace import QUEUE_AFTER, RESUME_QUEUE, SCHEMA_VERSION
+from marsched.metrics.trace import SCHEMA_VERSION, event_fields
 from marsched.policy.trace_fields import declaration, key_basis
 from marsched.workload.model import ApiCall, ApiType
 
@@ -211,18 +211,12 @@ class MarsSchedulerMixin:
 
     def _common_fields(self, event: str, tracked: Tracked | None, fields: dict[str, Any]) -> dict[str, Any]:
         """The fields every event carries (`metrics/trace.schema.json`), then the event's own."""
-        common: dict[str, Any] = {"iteration": self._iteration}
-        if tracked is not None:
-            common["segment"] = tracked.progress.segment_index
-            queue = QUEUE_AFTER.get(event) or RESUME_QUEUE.get(fields.get("where"))
-            if queue is not None:
-                common["queue"] = queue.value
-        common.update(fields)
         pool = self.kv_cache_manager.block_pool
-        common["kv_device_blocks"] = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()  # less the null block
+        device_blocks = pool.num_gpu_blocks - 1 - pool.get_num_free_blocks()  # less the null block
         host_tokens = self._swapper.host_tokens_used if self._swapper is not None else 0
-        common["kv_host_blocks"] = -(-host_tokens // self.cache_config.block_size)
-        return common
+        segment = tracked.progress.segment_index if tracked is not None else None
+        return event_fields(event, self._iteration, segment, fields, device_blocks,
+                            -(-host_tokens // self.cache_config.block_size))
 
     def _emit_assignments(self, tracked: Tracked, since: int, queue: str = "paused") -> None:
         for a in tracked.progress.assignments[since:]:
