@@ -188,9 +188,12 @@ class AugmentedEngine:
     async def __aexit__(self, *exc: Any) -> None:
         self.shutdown()
 
-    def shutdown(self) -> None:
+    def shutdown(self, timeout_s: float = 30.0) -> None:
+        """Stop the engine. Its core process gets `timeout_s` to exit before it is killed (vLLM's
+        own default is 5 s, which a busy 2-core machine can exceed; the scheduler writes the
+        trace's `end` event on the way out)."""
         if self.llm is not None:
-            self.llm.shutdown()
+            self.llm.shutdown(timeout=timeout_s)
             self.llm = None
 
     async def state(self, request_id: str | None = None) -> dict[str, Any]:
