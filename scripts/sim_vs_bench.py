@@ -20,6 +20,7 @@ from pathlib import Path
 from marsched.bench.real import bench_requests
 from marsched.bench.runner import RunSpec
 from marsched.metrics.records import summarize
+from marsched.predict.length import prepare_length_predictor
 from marsched.sim.engine import Simulator
 from marsched.workload.loader import load_trace
 
@@ -36,8 +37,10 @@ def simulate_point(record: dict, profile_path: str) -> dict:
     profile = replace(profile, device_blocks=kv["blocks"], block_tokens=kv["block_tokens"],
                       cost=replace(profile.cost, token_budget=kv["max_num_batched_tokens"]))
     templates = load_trace(record["trace"])
+    prepare_length_predictor(policy.predictor.length, templates, record["trace"])  # as run_one does
+    # The bench's stream, cut where the bench cut it (`--max-requests`): it ran `num_requests`.
     requests = bench_requests(templates, record["qps"], record["duration_s"], record["seed"], record["token_scale"],
-                              kv["max_model_len"], record["api_time_scale"], record.get("max_requests"))
+                              kv["max_model_len"], record["api_time_scale"], record["num_requests"])
     result = Simulator(requests, profile, policy).run()
     return summarize(result.records)
 

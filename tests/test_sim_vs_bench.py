@@ -23,7 +23,7 @@ def _module():
 def _record(policy: str, e2e_mean_s: float) -> dict:
     return {"engine": "vllm", "policy": policy, "qps": 2.0, "trace": "single", "duration_s": 10.0, "seed": 0,
             "predictor": "oracle+api:type-mean", "token_scale": 0.5, "api_time_scale": 0.1, "partial": False,
-            "e2e_mean_s": e2e_mean_s, "e2e_p99_s": 2 * e2e_mean_s,
+            "e2e_mean_s": e2e_mean_s, "e2e_p99_s": 2 * e2e_mean_s, "num_requests": 1000,
             "kv_cache": {"blocks": 39, "block_tokens": 128, "max_model_len": 4096, "max_num_batched_tokens": 2048}}
 
 
@@ -37,6 +37,8 @@ def test_the_simulated_point_uses_the_bench_capacity_and_stream():
     # The record's rate sets the stream; its KV blocks set the capacity (39 blocks queue at 20 qps).
     assert 0 < light["num_finished"] < roomy["num_finished"] == tight["num_finished"]
     assert tight["e2e_mean_s"] > 1.2 * roomy["e2e_mean_s"]
+    # A bench cut short with --max-requests ran its first `num_requests`: so does the simulator.
+    assert module.simulate_point({**record, "num_requests": 5}, "gptj-6b-a100")["num_finished"] == 5
 
 
 def test_the_command_prints_errors_and_orders(tmp_path):
