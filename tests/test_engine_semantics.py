@@ -174,7 +174,7 @@ def test_queue_keys_wait_for_the_refresh_interval():
 class _OneIterationAtATime(Simulator):
     """Test-only: never run identical iterations together, the reference the fast path must match."""
 
-    def _identical_iterations(self, running, dt):
+    def _identical_iterations(self, running, dt, growth):
         return 1
 
 

@@ -433,13 +433,13 @@ class Simulator:
         # Attention reads each sequence's cached context plus its new tokens (cost_model.py).
         context_tokens = sum(r.progress.computed_tokens + n for r, n in batch)
         dt = self.cost.iteration_time(tokens, context_tokens, len(batch))
+        # Each decode iteration after the first reads one more token per sequence.
+        growth = self.cost.seconds_per_context_token * len(batch)
         iterations = 1
         if settled and len(batch) == len(self.running) and all(
             r.progress.pending_tokens == 1 for r, _ in batch
         ):
-            iterations = self._identical_iterations([r for r, _ in batch], dt)
-        # Each decode iteration after the first reads one more token per sequence.
-        growth = self.cost.seconds_per_context_token * len(batch)
+            iterations = self._identical_iterations([r for r, _ in batch], dt, growth)
         span = _series(dt, growth, iterations)
         self.steps += 1
         end = self.now + span
@@ -471,12 +471,12 @@ class Simulator:
         for sim_request in finished_segment:
             self._end_segment(sim_request)
 
-    def _identical_iterations(self, running: list[SimRequest], dt: float) -> int:
-        """How many decode-only iterations like this one can run before anything changes."""
+    def _identical_iterations(self, running: list[SimRequest], dt: float, growth: float) -> int:
+        """How many decode-only iterations like this one (the first taking `dt`, each next `growth`
+        longer) can run before anything changes."""
         limit = min(r.progress.segment.output_tokens - r.progress.generated for r in running)
         seconds = self._seconds_to_next_event()
         if seconds is not None:
-            growth = self.cost.seconds_per_context_token * len(running)
             limit = min(limit, _iterations_to_reach(seconds, dt, growth))
         promotion = self.queue.iterations_to_next_promotion(self.iteration)
         if promotion is not None:
