@@ -71,7 +71,8 @@ def test_clean_simulator_traces_of_every_policy_pass(policy_name, tmp_path):
         assert result.requests == len(_workload())
 
 
-@pytest.mark.parametrize("variant,threshold", [("iterations", 5), ("published", 5), ("age", 0.05), ("off", None)])
+@pytest.mark.parametrize("variant,threshold", [("iterations", 5), ("published", 5), ("age", 0.05),
+                                               ("fcfs-wait:0.5", 0.05), ("off", None)])
 def test_clean_traces_of_every_starvation_variant_pass(variant, threshold, tmp_path):
     options = {"starvation": variant} if threshold is None else {"starvation": variant, "starvation_threshold": threshold}
     events = stressed(tmp_path, **options)
@@ -242,6 +243,40 @@ def test_a_promotion_with_prevention_off_is_caught(tmp_path):
     events[0]["policy"]["starvation"]["threshold"] = None
     result = audit_events(tmp_path / "t.jsonl", events)
     assert any("starvation prevention is off" in str(v) for v in result.violations)
+
+
+def _moving(tmp_path) -> list[dict]:
+    events = stressed(tmp_path, starvation="fcfs-wait:0.5", starvation_threshold=0.1)
+    promotes = [e for e in events if e["event"] == "promote"]
+    assert promotes and any(e["threshold"] > 0.1 for e in promotes)  # the estimate moved the threshold
+    return events
+
+
+def test_a_moving_threshold_is_held_to_what_the_events_report(tmp_path):
+    events = _moving(tmp_path)
+    promote = next(e for e in events if e["event"] == "promote" and e["counter"] > 0.11)
+    promote["threshold"] = promote["counter"] + 1.0  # the engine says it promoted below its threshold
+    only(audit_events(tmp_path / "t.jsonl", events), Check.STARVATION, "promoted early")
+
+
+def test_a_moving_threshold_missing_or_below_the_floor_is_caught(tmp_path):
+    events = _moving(tmp_path)
+    promote = next(e for e in events if e["event"] == "promote")
+    del promote["threshold"]
+    only(audit_events(tmp_path / "t.jsonl", events), Check.STARVATION, "does not report it")
+    events = _moving(tmp_path)
+    schedule = next(e for e in events if e["event"] == "schedule")
+    schedule["threshold"] = 0.0
+    only(audit_events(tmp_path / "t.jsonl", events), Check.STARVATION, "below the declared floor")
+
+
+def test_a_request_past_the_moving_threshold_left_unpromoted_is_caught(tmp_path):
+    events = _moving(tmp_path)
+    for e in events:  # the engine reports a threshold lower than the one it promoted at
+        if e["event"] in ("schedule", "promote"):
+            e["threshold"] = 0.1
+    result = audit_events(tmp_path / "t.jsonl", events)
+    assert any("not promoted" in str(v) for v in result.violations), "\n".join(map(str, result.violations))
 
 
 # --- requests and memory --------------------------------------------------------------

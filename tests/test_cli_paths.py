@@ -174,7 +174,7 @@ def test_check_output_path_reports_without_touching(tmp_path):
     (("simulate", "--duration", "0"), "--duration 0: give a finite number > 0"),
     (("simulate", "--seed", "-1"), "--seed -1: give an integer from 0 to 2^32-1"),
     (("simulate", "--refresh-interval", "0"), "--refresh-interval 0:"),
-    (("simulate", "--starvation", "bogus"), "--starvation bogus: unknown variant"),
+    (("simulate", "--starvation", "bogus"), "--starvation bogus: unknown starvation variant"),
     (("simulate", "--admission", "bogus"), "--admission bogus: unknown rule"),
     (("simulate", "--predictor", "noisy:-1"), "--predictor noisy:-1: noisy predictor: sigma must be"),
     (("simulate", "--trace", "/nonexistent.json"), "--trace /nonexistent.json: file: no such file"),

@@ -213,7 +213,7 @@ def test_promoted_request_put_back_goes_before_later_promotions():
 
 
 def test_seconds_count_is_carried_across_stays():
-    policy = make_policy("mars", COST, starvation_threshold=10.0)
+    policy = make_policy("mars", COST, starvation="age", starvation_threshold=10.0)
     queue = WaitingQueue(policy)
     progress = RequestProgress(single("r", 0.0, 10, 5), order_s=0.0)
     policy.start_segment(progress, LOAD)

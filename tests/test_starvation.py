@@ -1,4 +1,7 @@
-"""A steady stream of short requests and one long one, under each starvation variant."""
+"""A steady stream of short requests and one long one, under each starvation variant; and an
+overloaded mixed stream under the default `fcfs-wait`."""
+
+import random
 
 import pytest
 
@@ -31,7 +34,8 @@ def test_long_request_finishes_during_the_stream_with_prevention(variant, thresh
 
 
 def test_default_bounds_the_wait_near_its_threshold():
-    # MARS's default (`age`, 15 s): promoted after 15 s of waiting and first in line then.
+    # MARS's default (`fcfs-wait`): within capacity the FCFS wait is short, so the floor of 15 s
+    # rules: promoted after 15 s of waiting and first in line then.
     record = _long_finish()
     assert 15.0 <= record.max_wait_s < 20.0
 
@@ -55,3 +59,32 @@ def test_threshold_sets_how_long_it_waits(threshold):
     waited = _long_finish(starvation="iterations", starvation_threshold=threshold).max_wait_s
     assert waited <= _long_finish(starvation="off").max_wait_s
 
+
+
+def _overloaded():
+    """A fifth of the requests long, arriving faster than the small engine serves them for a minute."""
+    rng = random.Random(0)
+    requests = []
+    for i in range(750):
+        long = rng.random() < 0.2
+        requests.append(single(f"r{i}", 0.08 * (i + 1), 300 if long else 64, 120 if long else 12))
+    return requests
+
+
+def _overloaded_run(**policy_args):
+    result = Simulator(_overloaded(), small_profile(device_blocks=48, host_blocks=16),
+                       make_policy("mars", COST, **policy_args)).run()
+    assert len(result.records) == len(_overloaded())
+    mean = sum(r.e2e_s for r in result.records) / len(result.records)
+    return mean, max(r.max_wait_s for r in result.records)
+
+
+def test_fcfs_wait_keeps_ranking_under_overload_and_still_bounds_the_wait():
+    # The queue grows: a fixed 15 s promotes nearly everyone, so the ranking stops mattering;
+    # a threshold that grows with the FCFS wait keeps it, and still promotes the long requests
+    # that prevention off leaves to the end.
+    mean, max_wait = _overloaded_run()
+    age_mean, _ = _overloaded_run(starvation="age")
+    _, off_max_wait = _overloaded_run(starvation="off")
+    assert mean < 0.6 * age_mean
+    assert max_wait < 0.8 * off_max_wait

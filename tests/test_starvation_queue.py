@@ -23,7 +23,7 @@ def _waiting(policy, queue, rid, arrival_s, prompt, output, now_s):
 
 
 def test_age_counts_seconds_and_promotion_lasts_for_life_in_arrival_order():
-    policy = make_policy("mars", COST, starvation_threshold=1.0)  # the age variant, 1 s
+    policy = make_policy("mars", COST, starvation="age", starvation_threshold=1.0)  # 1 s
     queue = WaitingQueue(policy)
     late_long = _waiting(policy, queue, "late-long", 0.5, 900, 400, now_s=0.5)
     early_long = _waiting(policy, queue, "early-long", 0.0, 1000, 500, now_s=0.9)
@@ -87,7 +87,7 @@ def test_counter_survives_leaving_the_queue_and_resets_at_promotion():
 
 
 def test_seconds_to_next_promotion_follows_the_oldest_count():
-    policy = make_policy("mars", COST, starvation_threshold=2.0)
+    policy = make_policy("mars", COST, starvation="age", starvation_threshold=2.0)
     queue = WaitingQueue(policy)
     assert queue.seconds_to_next_promotion(0.0) is None
     _waiting(policy, queue, "a", 0.0, 10, 5, now_s=1.0)

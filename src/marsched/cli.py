@@ -25,7 +25,7 @@ from marsched.bench.report import plot_latency, write_json
 from marsched.bench.runner import RunSpec, grid, run_grid, run_one
 from marsched.cli_checks import fail, positive_numbers
 from marsched.policy import Admission
-from marsched.policy.registry import POLICY_NAMES, STARVATION_NAMES, parse_threshold
+from marsched.policy.registry import POLICY_NAMES, STARVATION_NAMES, parse_threshold, starvation_config
 from marsched.predict import parse_api_estimator, parse_length_predictor
 from marsched.sim.profile import load_profile, profile_names
 from marsched.workload.errors import TraceWarning
@@ -48,7 +48,9 @@ POLICY_HELP = {
     "mars": "MARS: predicted memory x time first, strategy fixed ahead, starvation prevention, predicted-peak admission",
 }
 STARVATION_HELP = {
-    "age": "15 s of waiting in total promotes a request for life (FCFS among promoted); MARS's default",
+    "fcfs-wait": "promoted for life once its wait passes 1.1x what FCFS would make a new arrival wait "
+                 "(at least 15 s); fcfs-wait:K sets the multiple; MARS's default",
+    "age": "15 s of waiting in total promotes a request for life (FCFS among promoted)",
     "published": "the MARS code's rule: 100 iterations, counted only for requests that ran before",
     "iterations": "100 iterations of waiting, counted for every waiting request",
     "off": "no starvation prevention",
@@ -80,9 +82,9 @@ PredictorOpt = Annotated[str, typer.Option(
     help="Output-length predictor: oracle, noisy:SIGMA, type-mean, learned or learned:DIR (marsched list).")]
 ApiOpt = Annotated[str, typer.Option("--api-estimator", help="API-duration estimate: type-mean or oracle.")]
 StarvationOpt = Annotated[str, typer.Option(
-    help="Starvation threshold in the variant's units (seconds for 'age', iterations for the others), 'off', or 'default'.")]
+    help="Starvation threshold in the variant's units (seconds for 'fcfs-wait' and 'age', iterations for the others), 'off', or 'default'.")]
 VariantOpt = Annotated[str, typer.Option(
-    "--starvation", help=f"Starvation prevention variant: {', '.join(STARVATION_NAMES)}, or 'default' (age for mars, off for the others).")]
+    "--starvation", help=f"Starvation prevention variant: {', '.join(STARVATION_NAMES)}, fcfs-wait:K, or 'default' (fcfs-wait for mars, off for the others).")]
 AdmissionOpt = Annotated[str, typer.Option(
     help="Admission: greedy, predicted-peak, or 'default' (predicted-peak for mars, greedy for the others).")]
 RefreshOpt = Annotated[int, typer.Option(help="Recompute ranking keys every k iterations.")]
@@ -156,8 +158,8 @@ def _check_options(*, profile: str | None = None, seed: int = 0, predictor: str 
         _positive("--duration", duration)
     if refresh_interval < 1:
         _fail(f"--refresh-interval {refresh_interval}: give a number of iterations >= 1")
-    if starvation != "default" and starvation not in STARVATION_NAMES:
-        _fail(f"--starvation {starvation}: unknown variant; valid: {', '.join(STARVATION_NAMES)}, default")
+    if starvation != "default":
+        _flag("--starvation", starvation, lambda: starvation_config(starvation))
     valid_admission = [a.value for a in Admission]
     if admission != "default" and admission not in valid_admission:
         _fail(f"--admission {admission}: unknown rule; valid: {', '.join(valid_admission)}, default")

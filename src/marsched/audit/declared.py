@@ -23,6 +23,11 @@ class Starvation:
     counts: StarvationCount
     for_life: bool
     variant: str
+    fcfs_multiple: float | None = None  # the threshold moves with the FCFS wait; events report it
+
+    @property
+    def moves(self) -> bool:
+        return self.enabled and self.fcfs_multiple is not None
 
     @property
     def enabled(self) -> bool:
@@ -50,7 +55,8 @@ def declared(path: str, run: Line, policy: str | None) -> Declared:
         p = event["policy"]
         s = p["starvation"]
         starvation = Starvation(s["threshold"], StarvationClock(s["clock"]), StarvationCount(s["counts"]),
-                                bool(s["for_life"]), str(s.get("variant", "custom")))
+                                bool(s["for_life"]), str(s.get("variant", "custom")),
+                                float(s["fcfs_multiple"]) if s.get("fcfs_multiple") is not None else None)
         if policy is None:
             order, rule = Order(p["order"]), StrategyRule(p["rule"])
             fixed = Strategy(p["fixed_strategy"]) if p["fixed_strategy"] else None

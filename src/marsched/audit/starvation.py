@@ -4,7 +4,10 @@ The counter grows only while a request waits in the queue (in iterations or seco
 declared; under `requeued`, only once it has run); every admission reports it, and it must
 match what the request's queue stays add up to. A request is promoted when, and not before,
 its counter reaches the threshold: one past it and still unpromoted at an iteration's end
-is starved. With prevention off, nothing is promoted. That promoted requests go first is
+is starved. A threshold that moves with the first-come-first-served wait (`fcfs_multiple`)
+is reported by each `promote` and `schedule` event; the audit holds the run to the reported
+value, which may not be below the declared floor (the estimate itself is the engine's).
+With prevention off, nothing is promoted. That promoted requests go first is
 the order check's (`order.py`).
 """
 
@@ -29,6 +32,23 @@ class StarvationRule:
         self.slack = _SECONDS_SLACK if model.seconds else _ITERATIONS_SLACK
         self.unit = "s" if model.seconds else " iterations"
         self.starved: set[int] = set()  # stays reported already (by id), so each is told once
+        self.threshold = self.rule.threshold  # in force: the declared one, or the last one an event reported
+
+    def _threshold_of(self, line: Line) -> float:
+        """The threshold in force at this event (a moving threshold is reported by the event)."""
+        e = line.event
+        if not self.rule.moves:
+            return self.rule.threshold
+        reported = e.get("threshold")
+        if not isinstance(reported, (int, float)):
+            self._violation(line, f"the threshold of '{self.rule.variant}' moves with the FCFS wait, but this "
+                                  f"{e['event']} event does not report it")
+            return self.threshold
+        if reported < self.rule.threshold - self.slack:
+            self._violation(line, f"reports threshold {self._fmt(reported)}, below the declared floor "
+                                  f"{self._fmt(self.rule.threshold)}")
+        self.threshold = float(reported)
+        return self.threshold
 
     def _violation(self, line: Line, message: str, *others: Line | None) -> None:
         e = line.event
@@ -53,9 +73,10 @@ class StarvationRule:
                                   "does not count: it has not run before", waiting.entered)
             return
         counter = self.model.counter(waiting, e)
-        if counter < self.rule.threshold - self.slack:
+        threshold = self._threshold_of(line)
+        if counter < threshold - self.slack:
             self._violation(line, f"promoted early: its counter is {self._fmt(counter)} (queue stays since "
-                                  f"{self._fmt(waiting.since)}), below the threshold {self._fmt(self.rule.threshold)}",
+                                  f"{self._fmt(waiting.since)}), below the threshold {self._fmt(threshold)}",
                             waiting.entered)
         elif abs(e["counter"] - counter) > self.slack:
             self._violation(line, f"the promote event reports counter {self._fmt(e['counter'])}, but its queue stays "
@@ -76,17 +97,18 @@ class StarvationRule:
             self._violation(line, f"the admit event reports counter {self._fmt(e['counter'])}, but its queue stays "
                                   f"add up to {self._fmt(counter)}: the counter does not count waiting as declared",
                             waiting.entered)
-        if (not waiting.promoted and counter >= self.rule.threshold + self.slack
+        if (not waiting.promoted and counter >= self.threshold + self.slack
                 and waiting.entered.event["iteration"] < e["iteration"]):
-            self._starved(line, waiting, counter)
+            self._starved(line, waiting, counter, self.threshold)
 
     def on_schedule(self, line: Line) -> None:
         if not self.rule.enabled:
             return
-        for waiting in self.model.overdue(line.event, self.rule.threshold, self.slack):
-            self._starved(line, waiting, self.model.counter(waiting, line.event))
+        threshold = self._threshold_of(line)
+        for waiting in self.model.overdue(line.event, threshold, self.slack):
+            self._starved(line, waiting, self.model.counter(waiting, line.event), threshold)
 
-    def _starved(self, line: Line, waiting, counter: float) -> None:
+    def _starved(self, line: Line, waiting, counter: float, threshold: float | None = None) -> None:
         if id(waiting) in self.starved:
             return
         self.starved.add(id(waiting))
@@ -94,5 +116,5 @@ class StarvationRule:
         self.report(Violation(
             Check.STARVATION, waiting.rid, e["t"],
             f"not promoted: its counter is {self._fmt(counter)} at iteration {e['iteration']}, past the threshold "
-            f"{self._fmt(self.rule.threshold)} ({self.rule.variant}); a counter that never changes the order starves "
+            f"{self._fmt(self.threshold if threshold is None else threshold)} ({self.rule.variant}); a counter that never changes the order starves "
             "long requests", (waiting.entered.number, line.number)))

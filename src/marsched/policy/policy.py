@@ -56,6 +56,10 @@ class StarvationConfig:
     A promoted request goes ahead of the ranking (in promotion order, or by arrival when the
     promotion is `for_life`) and is protected from preemption (`protection`). Its counter
     survives preemption and calls; it resets at promotion unless the promotion is for life.
+    With `fcfs_multiple` (a seconds clock), the threshold is the larger of `threshold` and that
+    multiple of the wait first come first served would give a request arriving now
+    (`fcfs_wait.FcfsWait`): under overload it grows with the queue, so the ranking keeps
+    deciding, and no request waits much longer than the newest would under FCFS.
     `threshold=None` turns prevention off. The defaults are the MARS code's benchmark
     script's: 100 iterations, and a quantum of 100,000 iterations (in effect, until the
     request finishes). The named variants are in `registry.py`.
@@ -67,6 +71,7 @@ class StarvationConfig:
     counts: StarvationCount = StarvationCount.ALL_WAITING
     protection: Protection = Protection.QUANTUM
     for_life: bool = False  # a promotion lasts for the request's remaining segments, first come first served
+    fcfs_multiple: float | None = None  # threshold at least this multiple of the FCFS wait (seconds clock)
 
     def __post_init__(self) -> None:
         if self.threshold is not None and not (self.threshold > 0 and math.isfinite(self.threshold)):
@@ -75,6 +80,11 @@ class StarvationConfig:
             raise ValueError(f"starvation threshold in iterations must be >= 1, got {self.threshold}")
         if self.quantum < 0:
             raise ValueError(f"starvation quantum must be >= 0, got {self.quantum}")
+        if self.fcfs_multiple is not None:
+            if not (self.fcfs_multiple > 0 and math.isfinite(self.fcfs_multiple)):
+                raise ValueError(f"starvation FCFS-wait multiple must be > 0, got {self.fcfs_multiple}")
+            if self.clock is not StarvationClock.SECONDS:
+                raise ValueError("a threshold relative to the FCFS wait needs the seconds clock")
 
     @property
     def enabled(self) -> bool:

@@ -18,6 +18,12 @@ moment each count started finds every request that reached the threshold in O(lo
 per promotion. A promoted request goes ahead of key order until it is scheduled: in
 promotion order, or, when promotion is for life (the `age` rule), by arrival and at
 every later stay in the queue too.
+
+With a threshold relative to the first-come-first-served wait (`fcfs_multiple`), the
+queue keeps that estimate (`fcfs_wait.py`): it registers each request at its first push,
+and the engines tell it what each request decoded (`decoded`) and when it ended
+(`finished`). The threshold in force is the same for every waiting request, so the heap
+by counter start still finds the due ones; `threshold` reports it for the event trace.
 """
 
 from __future__ import annotations
@@ -27,6 +33,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
+from marsched.policy.fcfs_wait import FcfsWait
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy, StarvationClock
 from marsched.policy.progress import KeyBasis, RequestProgress
@@ -62,6 +69,11 @@ class WaitingQueue:
     _refreshed_at_s: float | None = None  # the iteration time the keys were last computed with
     _popped: _Entry | None = None  # the entry `pop` returned last, for `push_back`
     _promoted_live: int = 0  # requests waiting in the promoted lane
+    _fcfs: FcfsWait | None = None  # the FCFS wait estimate, when the threshold is relative to it
+
+    def __post_init__(self) -> None:
+        if self.policy.starvation.enabled and self.policy.starvation.fcfs_multiple is not None:
+            self._fcfs = FcfsWait()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -75,6 +87,8 @@ class WaitingQueue:
     def push(self, progress: RequestProgress, load: EngineLoad, iteration: int) -> None:
         if progress.request_id in self._entries:
             raise ValueError(f"request {progress.request_id!r} is already waiting")
+        if self._fcfs is not None and not self._fcfs.knows(progress.request_id):
+            self._fcfs.arrive(progress.request_id, load.now_s, sum(p.output_tokens for p in progress.predictions))
         counted = self.policy.starvation.counts_for(progress)
         clock = self.policy.starvation.clock
         waited = progress.waited_s if clock is StarvationClock.SECONDS else progress.waited_iterations
@@ -156,6 +170,28 @@ class WaitingQueue:
 
     # --- starvation -------------------------------------------------------------------
 
+    def threshold(self, now_s: float) -> float | None:
+        """The promotion threshold in force now (None: prevention off)."""
+        config = self.policy.starvation
+        if self._fcfs is None:
+            return config.threshold
+        return max(config.threshold, config.fcfs_multiple * self._fcfs.wait_s(now_s))
+
+    @property
+    def fcfs_wait(self) -> FcfsWait | None:
+        """The FCFS wait estimate, when the threshold moves with it."""
+        return self._fcfs
+
+    def decoded(self, request_id: str, tokens: int) -> None:
+        """A request decoded `tokens` (the FCFS wait estimate's served work)."""
+        if self._fcfs is not None:
+            self._fcfs.decoded(request_id, tokens)
+
+    def finished(self, request_id: str) -> None:
+        """A request ended (the rest of its predicted work counts as served)."""
+        if self._fcfs is not None:
+            self._fcfs.finished(request_id)
+
     def starvation_counter(self, request_id: str, iteration: int, now_s: float) -> float:
         """The request's counter in the policy's starvation clock (0 if its waiting does not count)."""
         entry = self._entries[request_id]
@@ -163,7 +199,7 @@ class WaitingQueue:
 
     def promote_starving(self, iteration: int, now_s: float) -> list[RequestProgress]:
         """Promote every request whose counter reached the threshold; returns them."""
-        threshold = self.policy.starvation.threshold
+        threshold = self.threshold(now_s)
         promoted: list[RequestProgress] = []
         if threshold is None:
             return promoted
@@ -204,7 +240,7 @@ class WaitingQueue:
 
     def seconds_to_next_promotion(self, now_s: float) -> float | None:
         """For a seconds clock: seconds until the next promotion is due (>= 0), or None."""
-        threshold = self.policy.starvation.threshold
+        threshold = self.threshold(now_s)
         if threshold is None or self.policy.starvation.clock is not StarvationClock.SECONDS:
             return None
         start = self._next_start()

@@ -27,8 +27,12 @@ _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
 
 POLICY_NAMES: tuple[str, ...] = tuple(_NAMED)
 
-# Starvation prevention variants; `age` is MARS's default here (README, "Starvation prevention").
+# Starvation prevention variants; `fcfs-wait` is MARS's default here (README, "Starvation prevention").
 STARVATION_VARIANTS: dict[str, StarvationConfig] = {
+    # Promoted once it has waited 1.1 times what first come first served would make a request
+    # arriving now wait (at least 15 s); then as `age`. `fcfs-wait:K` sets the multiple.
+    "fcfs-wait": StarvationConfig(15.0, 0, StarvationClock.SECONDS, StarvationCount.ALL_WAITING, Protection.SEGMENT,
+                                  for_life=True, fcfs_multiple=1.1),
     # Waited 15 s in total (across calls and preemptions): promoted for the rest of its life;
     # promoted requests go first come first served, each protected until its segment ends.
     "age": StarvationConfig(15.0, 0, StarvationClock.SECONDS, StarvationCount.ALL_WAITING, Protection.SEGMENT,
@@ -40,7 +44,7 @@ STARVATION_VARIANTS: dict[str, StarvationConfig] = {
     "iterations": StarvationConfig(100, 100_000),
     "off": StarvationConfig(None),
 }
-DEFAULT_STARVATION = "age"
+DEFAULT_STARVATION = "fcfs-wait"
 
 
 def named_rules(name: str) -> tuple[Order, StrategyRule, Strategy | None]:
@@ -53,7 +57,7 @@ def named_rules(name: str) -> tuple[Order, StrategyRule, Strategy | None]:
 def starvation_variant(config: StarvationConfig) -> str:
     """The named variant a starvation rule comes from (its threshold aside), or "custom"."""
     def rules(c: StarvationConfig) -> tuple:  # everything but the threshold (a replace() could be invalid)
-        return (c.quantum, c.clock, c.counts, c.protection, c.for_life, c.threshold is None)
+        return (c.quantum, c.clock, c.counts, c.protection, c.for_life, c.threshold is None, c.fcfs_multiple is None)
 
     for name, variant in STARVATION_VARIANTS.items():
         if rules(variant) == rules(config):
@@ -90,9 +94,7 @@ def make_policy(
             starvation = DEFAULT_STARVATION
         else:  # off, unless a threshold asks for it: then counted in iterations
             starvation = "iterations" if starvation_threshold not in (_DEFAULT, None) else "off"
-    if starvation not in STARVATION_VARIANTS:
-        raise ValueError(f"unknown starvation variant {starvation!r}; valid: {', '.join(STARVATION_NAMES)}")
-    config = STARVATION_VARIANTS[starvation]
+    config = starvation_config(starvation)
     if starvation_threshold is not _DEFAULT:
         if starvation_threshold is not None and config.threshold is None:
             raise ValueError(f"starvation threshold {starvation_threshold:g} given with starvation 'off': "
@@ -119,6 +121,23 @@ def make_policy(
         terms=terms or RankingTerms(),
         admission=admission,
     )
+
+
+def starvation_config(name: str) -> StarvationConfig:
+    """A named variant's rule; `fcfs-wait:K` is `fcfs-wait` with the multiple K."""
+    base, _, multiple = name.partition(":")
+    if base not in STARVATION_VARIANTS:
+        raise ValueError(f"unknown starvation variant {name!r}; valid: {', '.join(STARVATION_NAMES)}")
+    config = STARVATION_VARIANTS[base]
+    if not multiple:
+        return config
+    if config.fcfs_multiple is None:
+        raise ValueError(f"starvation variant {name!r}: only fcfs-wait takes a multiple (fcfs-wait:K)")
+    try:
+        value = float(multiple)
+    except ValueError:
+        raise ValueError(f"starvation variant {name!r}: the multiple after ':' must be a number") from None
+    return replace(config, fcfs_multiple=value)  # validated there
 
 
 def parse_threshold(text: str) -> float | None:

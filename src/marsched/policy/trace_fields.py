@@ -29,6 +29,7 @@ def declaration(policy: Policy) -> dict[str, Any]:
             "protection": config.protection.value,
             "quantum": config.quantum,
             "for_life": config.for_life,
+            "fcfs_multiple": config.fcfs_multiple,
         },
         "cost": asdict(policy.cost),
         "terms": asdict(policy.terms),

@@ -298,7 +298,12 @@ class Simulator:
 
     def _promote_starving(self) -> None:
         for progress in self.queue.promote_starving(self.iteration, self.now):
-            self._emit("promote", self.live[progress.request_id], counter=progress.counter)
+            self._emit("promote", self.live[progress.request_id], counter=progress.counter, **self._moving_threshold())
+
+    def _moving_threshold(self) -> dict[str, float]:
+        """The promotion threshold in force, for the trace, when it moves with the FCFS wait."""
+        config = self.policy.starvation
+        return {"threshold": self.queue.threshold(self.now)} if config.enabled and config.fcfs_multiple else {}
 
     # --- scheduling -------------------------------------------------------------------
 
@@ -447,7 +452,8 @@ class Simulator:
             head = self.queue.head_key()
             self._emit("schedule", None, iterations=iterations, batch=len(batch), tokens=tokens,
                        context_tokens=context_tokens, dt_s=dt, span_s=span, free_blocks=self.device.free,
-                       host_free_blocks=self.host.free, waiting=len(self.queue), next_score=head)
+                       host_free_blocks=self.host.free, waiting=len(self.queue), next_score=head,
+                       **self._moving_threshold())
         finished_segment: list[SimRequest] = []
         for sim_request, n in batch:
             progress = sim_request.progress
@@ -457,13 +463,16 @@ class Simulator:
                 progress.context_tokens += iterations - 1
                 self._grow(sim_request, n)
             progress.computed_tokens += n
+            decoded = iterations - 1
             if progress.computed_tokens == progress.context_tokens:
+                decoded += 1
                 progress.generated += 1
                 progress.context_tokens += 1
                 if math.isnan(sim_request.first_token_s):
                     sim_request.first_token_s = end
                 if progress.generated >= progress.segment.output_tokens:
                     finished_segment.append(sim_request)
+            self.queue.decoded(sim_request.rid, decoded)
         self.iteration += iterations
         self._tau = _moving_average(self._tau, dt, growth, iterations)
         self._advance_links(span)
@@ -602,6 +611,7 @@ class Simulator:
         sim_request.phase = Phase.FINISHED
         sim_request.finish_s = self.now
         del self.live[sim_request.rid]
+        self.queue.finished(sim_request.rid)
         record = RequestRecord(
             request_id=request.request_id,
             arrival_s=request.arrival_s,

@@ -50,12 +50,15 @@ class RankedRequestQueue(RequestQueue):
         self._requests: dict[str, Request] = {}
         self._held: Request | None = None
         self.popped: set[str] = set()  # ids popped since the scheduler last took this set (its admissions)
+        self.threshold: float | None = policy.starvation.threshold  # the promotion threshold at the last step
 
     # --- the scheduler's per-iteration calls ----------------------------------------
 
     def promote_starving(self, iteration: int) -> list[RequestProgress]:
         self._unhold()
-        return self.queue.promote_starving(iteration, self._now())
+        now = self._now()
+        self.threshold = self.queue.threshold(now)  # what this step's promotions used, for the trace
+        return self.queue.promote_starving(iteration, now)
 
     def refresh(self, load: EngineLoad, iteration: int) -> bool:
         self._unhold()

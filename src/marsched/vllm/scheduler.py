@@ -468,7 +468,7 @@ class MarsSchedulerMixin:
         self._reconsider_paused()
         for progress in self.waiting.promote_starving(self._iteration):
             tracked = self._tracked.get(progress.request_id)
-            self._emit("promote", tracked, counter=progress.counter)
+            self._emit("promote", tracked, counter=progress.counter, **self._moving_threshold())
         refreshed = self.waiting.refresh(self._load(), self._iteration)
         self._order_running(refreshed)
         before = {r.request_id for r in self.running}
@@ -588,7 +588,12 @@ class MarsSchedulerMixin:
             pool = self.kv_cache_manager.block_pool
             self._emit("schedule", None, iterations=1, batch=len(output.num_scheduled_tokens), tokens=tokens,
                        free_blocks=pool.get_num_free_blocks(), waiting=len(self.waiting),
-                       next_score=self.waiting.head_key())
+                       next_score=self.waiting.head_key(), **self._moving_threshold())
+
+    def _moving_threshold(self) -> dict[str, float]:
+        """The promotion threshold this step used, for the trace, when it moves with the FCFS wait."""
+        config = self.mars_policy.starvation
+        return {"threshold": self.waiting.threshold} if config.enabled and config.fcfs_multiple else {}
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         result = super().update_from_output(scheduler_output, model_runner_output)
@@ -610,6 +615,7 @@ class MarsSchedulerMixin:
         now = None
         for outputs in (result or {}).values():
             for out in outputs.outputs:
+                self.waiting.queue.decoded(out.request_id, len(out.new_token_ids or ()))
                 tracked = self._tracked.get(out.request_id)
                 if tracked is not None and out.new_token_ids and math.isnan(tracked.first_token_t):
                     now = now or time.monotonic()
@@ -702,6 +708,7 @@ class MarsSchedulerMixin:
 
     def _forget_finished(self, request: Request, tracked: Tracked) -> None:
         rid = request.request_id
+        self.waiting.queue.finished(rid)
         self._paused_preserved.pop(rid, None)
         self._swap_inflight.pop(rid, None)
         if self._swapper is not None:
