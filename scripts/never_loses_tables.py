@@ -1,4 +1,5 @@
-"""Print the README's tables from results/never-loses/*.json (written by scripts/never_loses.sh)."""
+"""Print the README's tables from results/never-loses/*.json (written by scripts/never_loses.sh),
+and draw the mean/p99 trade-off at each trace's most loaded point (results/never-loses/frontier.png)."""
 
 from __future__ import annotations
 
@@ -43,9 +44,11 @@ def main_table(trace: str) -> None:
 
 def ablation_table(trace: str) -> None:
     infercept = _by(_load(f"{trace}-main"), "infercept")
-    variants = [("age + predicted-peak (default)", f"{trace}-main"), ("published + predicted-peak", f"{trace}-published"),
+    variants = [("fcfs-wait + predicted-peak (default)", f"{trace}-main"), ("age + predicted-peak", f"{trace}-age"),
+                ("published + predicted-peak", f"{trace}-published"),
                 ("iterations + predicted-peak", f"{trace}-iterations"), ("off + predicted-peak", f"{trace}-off"),
-                ("age + greedy", f"{trace}-age-greedy"), ("published + greedy", f"{trace}-published-greedy"),
+                ("fcfs-wait + greedy", f"{trace}-fcfs-wait-greedy"), ("age + greedy", f"{trace}-age-greedy"),
+                ("published + greedy", f"{trace}-published-greedy"),
                 ("iterations + greedy (0.1 default)", f"{trace}-iterations-greedy"), ("off + greedy", f"{trace}-off-greedy")]
     rows = [(label, _by(_load(name), "mars")) for label, name in variants]
     rows = [(label, r) for label, r in rows if r]
@@ -64,24 +67,70 @@ def ablation_table(trace: str) -> None:
         print(f"| {label} | " + " | ".join(cells) + " |")
 
 
-def threshold_table(traces: list[str]) -> None:
-    top = {"single": 16.0, "multi": 3.0, "agent": 0.4}  # the most loaded point of scripts/never_loses.sh
+TOP = {"single": 16.0, "multi": 5.0, "agent": 0.4}  # the most loaded point of scripts/never_loses.sh
+
+
+def frontier_points(trace: str) -> list[tuple[str, float, float]]:
+    """(variant, mean ratio, p99 ratio) at the trace's most loaded point, over INFERCEPT's."""
+    infercept = _by(_load(f"{trace}-main"), "infercept").get(TOP[trace])
+    if infercept is None:
+        return []
+    named = [("fcfs-wait:0.8", "fcfs0.8"), ("fcfs-wait:1", "fcfs1"), ("fcfs-wait:1.1 (default)", "main"),
+             ("fcfs-wait:1.25", "fcfs1.25"), ("fcfs-wait:1.5", "fcfs1.5"), ("fcfs-wait:2", "fcfs2"),
+             ("fcfs-wait:3", "fcfs3"), ("age 15 s", "age"), ("age 60 s", "age60"), ("age 240 s", "age240"),
+             ("published", "published"), ("iterations", "iterations"), ("off", "off")]
+    points = []
+    for label, name in named:
+        r = _by(_load(f"{trace}-{name}"), "mars").get(TOP[trace])
+        if r is not None:
+            points.append((label, r["e2e_mean_s"] / infercept["e2e_mean_s"], r["e2e_p99_s"] / infercept["e2e_p99_s"]))
+    return points
+
+
+def frontier_table(traces: list[str]) -> None:
+    columns = [label for label, _, _ in frontier_points(traces[0])] if traces else []
     rows = []
     for trace in traces:
-        infercept = _by(_load(f"{trace}-main"), "infercept").get(top[trace])
-        if infercept is None:
-            continue
-        cells = []
-        for threshold, name in ((5, f"{trace}-age5"), (15, f"{trace}-main"), (30, f"{trace}-age30"), (60, f"{trace}-age60"),
-                                (120, f"{trace}-age120"), (240, f"{trace}-age240")):
-            r = _by(_load(name), "mars").get(top[trace])
-            cells.append(f"{r['e2e_mean_s'] / infercept['e2e_mean_s']:.2f} / {r['e2e_p99_s'] / infercept['e2e_p99_s']:.2f}"
-                         if r else "")
-        rows.append(f"| {trace} {top[trace]:g} qps | " + " | ".join(cells) + " |")
+        points = {label: (mean, p99) for label, mean, p99 in frontier_points(trace)}
+        if points:
+            rows.append(f"| {trace} {TOP[trace]:g} qps | " + " | ".join(
+                f"{points[c][0]:.2f} / {points[c][1]:.2f}" if c in points else "" for c in columns) + " |")
     if rows:
-        print("\n| `age` threshold (s) | 5 | 15 (default) | 30 | 60 | 120 | 240 |")
-        print("| --- | --- | --- | --- | --- | --- | --- |")
+        print("\n| mean / p99 over INFERCEPT's | " + " | ".join(columns) + " |")
+        print("| --- | " + " | ".join("---" for _ in columns) + " |")
         print("\n".join(rows))
+
+
+def frontier_plot(traces: list[str], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    traces = [t for t in traces if frontier_points(t)]
+    if not traces:
+        return
+    fig, axes = plt.subplots(1, len(traces), figsize=(5.2 * len(traces), 4.6), squeeze=False)
+    for ax, trace in zip(axes[0], traces):
+        points = frontier_points(trace)
+        fcfs = [(m, p) for label, m, p in points if label.startswith("fcfs-wait")]
+        ax.plot([p for _, p in fcfs], [m for m, _ in fcfs], "-", color="tab:blue", alpha=0.5, zorder=1)
+        for label, mean, p99 in points:
+            color = "tab:blue" if label.startswith("fcfs-wait") else "tab:orange" if label.startswith("age") else "tab:gray"
+            marker = "*" if "default" in label else "o"
+            ax.scatter([p99], [mean], color=color, marker=marker, s=160 if marker == "*" else 40, zorder=2)
+            ax.annotate(label.replace(" (default)", "*"), (p99, mean), fontsize=7, xytext=(4, 3), textcoords="offset points")
+        ax.axvline(1.0, color="black", lw=0.8)
+        ax.axvline(1.2, color="black", lw=0.8, ls="--")
+        ax.axhline(0.6, color="black", lw=0.8, ls="--")
+        ax.axhline(1.0, color="black", lw=0.8)
+        ax.set_title(f"{trace}, {TOP[trace]:g} qps (gptj-6b-a100)")
+        ax.set_xlabel("p99 end-to-end / INFERCEPT's")
+        ax.set_ylabel("mean end-to-end / INFERCEPT's")
+    fig.suptitle("MARS starvation variants at the most loaded point: lower left is better")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
 
 
 if __name__ == "__main__":
@@ -90,4 +139,5 @@ if __name__ == "__main__":
         main_table(trace)
     for trace in traces:
         ablation_table(trace)
-    threshold_table(traces)
+    frontier_table(traces)
+    frontier_plot(traces, RESULTS / "frontier.png")

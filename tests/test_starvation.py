@@ -33,10 +33,15 @@ def test_long_request_finishes_during_the_stream_with_prevention(variant, thresh
     assert record.finish_s < STREAM_END_S / 2
 
 
-def test_default_bounds_the_wait_near_its_threshold():
-    # MARS's default (`fcfs-wait`): within capacity the FCFS wait is short, so the floor of 15 s
-    # rules: promoted after 15 s of waiting and first in line then.
+def test_default_bounds_the_wait_near_its_floor_within_capacity():
+    # MARS's default (`fcfs-wait`): within capacity a new arrival would hardly wait under FCFS,
+    # so the floor of 1 s rules: promoted after 1 s of waiting and first in line then.
     record = _long_finish()
+    assert 1.0 <= record.max_wait_s < 3.0
+
+
+def test_age_bounds_the_wait_near_its_threshold():
+    record = _long_finish(starvation="age")  # 15 s
     assert 15.0 <= record.max_wait_s < 20.0
 
 

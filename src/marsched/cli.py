@@ -49,7 +49,7 @@ POLICY_HELP = {
 }
 STARVATION_HELP = {
     "fcfs-wait": "promoted for life once its wait passes 1.1x what FCFS would make a new arrival wait "
-                 "(at least 15 s); fcfs-wait:K sets the multiple; MARS's default",
+                 "(at least 1 s); fcfs-wait:K sets the multiple; MARS's default",
     "age": "15 s of waiting in total promotes a request for life (FCFS among promoted)",
     "published": "the MARS code's rule: 100 iterations, counted only for requests that ran before",
     "iterations": "100 iterations of waiting, counted for every waiting request",

@@ -55,7 +55,7 @@ def profile_cost(name_or_path: str) -> CostModel:
 @dataclass(frozen=True, slots=True)
 class MarsConfig:
     policy: str = "mars"  # mars, infercept, vllm, sjf, preserve, discard, swap
-    starvation: str = "default"  # a starvation variant (age, published, iterations, off) or the policy's default
+    starvation: str = "default"  # a starvation variant (fcfs-wait[:K], age, published, iterations, off) or the policy's default
     starvation_threshold: float | str | None = "default"  # in the variant's units, "off", or its default
     starvation_quantum: int | str = "default"  # iterations of protection for the quantum variants
     admission: str = "default"  # greedy | predicted-peak, or the policy's default
