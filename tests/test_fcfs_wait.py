@@ -26,35 +26,37 @@ def _waiting(policy, queue, rid, now_s, output):
     return progress
 
 
-def test_the_estimate_is_the_age_of_the_oldest_request_fcfs_would_still_owe_work():
+def test_the_estimate_is_the_age_of_the_oldest_request_fcfs_would_not_have_started():
     fcfs = FcfsWait()
     assert fcfs.wait_s(5.0) == 0.0  # nothing arrived: a new request would not wait
     fcfs.arrive("a", 1.0, 10)
     fcfs.arrive("b", 2.0, 10)
     fcfs.arrive("c", 4.0, 10)
-    assert fcfs.wait_s(6.0) == 5.0  # a is owed work: FCFS would still be on it
+    assert fcfs.wait_s(6.0) == 5.0  # nothing served: FCFS would not have started a
     fcfs.decoded("b", 9)  # served out of order: the work counts, whoever's it was
-    assert fcfs.wait_s(6.0) == 5.0
+    assert fcfs.wait_s(6.0) == 4.0  # FCFS would be running a now; b waits
     fcfs.decoded("c", 1)
-    assert fcfs.wait_s(6.0) == 4.0  # ten units served: FCFS would have finished a, and be on b
+    assert fcfs.wait_s(6.0) == 4.0  # exactly a's work served: b starts only with more
     fcfs.decoded("b", 50)  # b decodes past its prediction: only its own 10 count (1 of them left)
-    assert fcfs.wait_s(6.0) == 4.0
-    fcfs.finished("b")  # ends: the rest of its predicted work counts as served
-    fcfs.finished("a")
-    assert fcfs.wait_s(6.0) == 2.0  # c is the one left
-    fcfs.finished("c")
+    assert fcfs.wait_s(6.0) == 2.0  # b started too: c is the one FCFS keeps waiting
+    fcfs.finished("b")  # b had nothing left to count
+    assert fcfs.wait_s(6.0) == 2.0
+    fcfs.finished("a")  # ends: the rest of its predicted work counts as served
     assert fcfs.wait_s(6.0) == 0.0
+    fcfs.finished("c")
+    assert fcfs.served_tokens == 30
     fcfs.decoded("gone", 5)  # an unknown or ended request changes nothing
     fcfs.finished("gone")
-    assert fcfs.wait_s(6.0) == 0.0
+    assert fcfs.served_tokens == 30 and fcfs.wait_s(6.0) == 0.0
 
 
 def test_a_request_brings_at_least_one_unit_of_work():
     fcfs = FcfsWait()
-    fcfs.arrive("empty", 1.0, 0)  # predicted to decode nothing: still owed until it decodes or ends
-    assert fcfs.wait_s(3.0) == 2.0
-    fcfs.decoded("empty", 1)
-    assert fcfs.wait_s(3.0) == 0.0
+    fcfs.arrive("empty", 1.0, 0)  # predicted to decode nothing: still counts as one unit
+    fcfs.arrive("next", 2.0, 5)
+    fcfs.decoded("empty", 3)
+    assert fcfs.served_tokens == 1
+    assert fcfs.wait_s(3.0) == 1.0  # next has not started
 
 
 def test_fcfs_wait_is_the_default_and_takes_a_multiple():
@@ -74,16 +76,16 @@ def test_the_threshold_is_the_larger_of_the_floor_and_the_multiple_of_the_fcfs_w
     assert queue.threshold(0.0) == 1.0  # an empty engine: the floor
     old = _waiting(policy, queue, "old", 0.0, 100)
     _waiting(policy, queue, "new", 3.0, 5)
-    assert queue.threshold(3.0) == 6.0  # old arrived 3 s ago and is owed all its work: 2 × 3 s
+    assert queue.threshold(3.0) == 6.0  # nothing served: FCFS would not have started old, in for 3 s
     assert queue.promote_starving(0, now_s=3.0) == []  # old waited 3 s, under 6
     assert queue.seconds_to_next_promotion(3.0) == 3.0  # at the threshold as it stands now
     queue.remove("new", 0, now_s=3.0)  # new runs (ranked ahead) and ends
     queue.decoded("new", 5)
-    queue.finished("new")  # served work reaches no further than old's: the estimate stays on old
-    assert queue.threshold(4.0) == 8.0
-    queue.decoded("old", 100)  # all of old's work served: FCFS would be on new, which has ended
-    assert queue.threshold(4.0) == 1.0
-    assert [p.request_id for p in queue.promote_starving(0, now_s=4.0)] == ["old"]
+    queue.finished("new")  # five units served: FCFS would have started old, and new would wait
+    assert queue.threshold(4.0) == 2.0  # 2 × new's 1 s
+    assert [p.request_id for p in queue.promote_starving(0, now_s=4.0)] == ["old"]  # waited 4 s
+    queue.decoded("old", 100)  # everything served: FCFS would make nobody wait
+    assert queue.threshold(5.0) == 1.0  # the floor
     assert old.elder  # for life, as under `age`
 
 

@@ -1,14 +1,14 @@
 """How long first come first served would make a request arriving now wait.
 
 While the engine is busy, every policy serves work at about the same rate; they differ
-only in whose work. First come first served would be serving, now, the oldest request
-whose work is not yet all served, given that everything that arrived before it was
-served first; its time in the queue is the wait a request arriving now would roughly
-see. Work is counted in predicted output tokens: a request brings its predicted total
-when it first enters the queue, and each token it decodes serves one unit of it, never
-more than it brought (one that finishes early has the rest served at its end). What
-has been served therefore never runs ahead of what arrived, and a request arriving to
-an idle engine sees a wait of 0.
+only in whose work. Had the work served so far gone in arrival order, first come first
+served would have started every request whose predecessors' work is all served; the
+oldest request it would not have started has been waiting for `now - entered`, about
+what a request arriving now would wait. Work is counted in predicted output tokens: a
+request brings its predicted total when it first enters the queue, and each token it
+decodes serves one unit of it, never more than it brought (one that finishes early has
+the rest served at its end). What has been served therefore never runs ahead of what
+arrived, and a request arriving to an idle engine sees a wait of 0.
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ _WORK_SLACK = 1e-9
 
 @dataclass(slots=True)
 class FcfsWait:
-    _arrived: deque[tuple[float, float]] = field(default_factory=deque)  # (entered s, cumulative work after it)
+    _arrived: deque[tuple[float, float]] = field(default_factory=deque)  # (entered s, cumulative work before it)
     _arrived_work: float = 0.0
     _served_work: float = 0.0
     _owed: dict[str, float] = field(default_factory=dict)  # request id -> its work not yet served
@@ -37,8 +37,8 @@ class FcfsWait:
     def arrive(self, request_id: str, entered_s: float, work_tokens: float) -> None:
         """A request enters the queue for the first time with `work_tokens` predicted to decode."""
         work = max(float(work_tokens), 1.0)
-        self._arrived_work += work
         self._arrived.append((entered_s, self._arrived_work))
+        self._arrived_work += work
         self._owed[request_id] = work
 
     def decoded(self, request_id: str, tokens: int) -> None:
@@ -54,6 +54,6 @@ class FcfsWait:
 
     def wait_s(self, now_s: float) -> float:
         arrived = self._arrived
-        while arrived and arrived[0][1] <= self._served_work + _WORK_SLACK:
-            arrived.popleft()
+        while arrived and arrived[0][1] < self._served_work - _WORK_SLACK:
+            arrived.popleft()  # FCFS would have started it: its queue wait is over
         return max(now_s - arrived[0][0], 0.0) if arrived else 0.0
