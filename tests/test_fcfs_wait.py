@@ -33,6 +33,7 @@ def test_the_estimate_is_the_age_of_the_oldest_request_fcfs_would_not_have_start
     fcfs.arrive("b", 2.0, 10)
     fcfs.arrive("c", 4.0, 10)
     assert fcfs.wait_s(6.0) == 5.0  # nothing served: FCFS would not have started a
+    assert fcfs.wait_s(1.5) == 0.5
     fcfs.decoded("b", 9)  # served out of order: the work counts, whoever's it was
     assert fcfs.wait_s(6.0) == 4.0  # FCFS would be running a now; b waits
     fcfs.decoded("c", 1)
@@ -84,8 +85,10 @@ def test_the_threshold_is_the_larger_of_the_floor_and_the_multiple_of_the_fcfs_w
     queue.finished("new")  # five units served: FCFS would have started old, and new would wait
     assert queue.threshold(4.0) == 2.0  # 2 × new's 1 s
     assert [p.request_id for p in queue.promote_starving(0, now_s=4.0)] == ["old"]  # waited 4 s
-    queue.decoded("old", 100)  # everything served: FCFS would make nobody wait
-    assert queue.threshold(5.0) == 1.0  # the floor
+    queue.decoded("old", 40)  # old part way: under FCFS new would still be waiting
+    assert queue.threshold(5.0) == 4.0  # 2 × new's 2 s
+    queue.finished("old")  # ends early: the rest of its predicted work counts as served
+    assert queue.threshold(5.0) == 1.0  # FCFS would make nobody wait: the floor
     assert old.elder  # for life, as under `age`
 
 
