@@ -8,6 +8,9 @@ scheduler has written its `end` event.
 from __future__ import annotations
 
 import asyncio
+import ctypes
+import os
+import signal
 import time
 
 import pytest
@@ -62,17 +65,53 @@ def test_vllm_trace_follows_the_schema_and_passes_the_audit(policy, tiny_model, 
     results = loop_thread.run(scenario(), timeout=300)
     assert all(r.ok for r in results), [r.error for r in results if not r.ok]
     events = ended_trace(trace)
-    assert events[0]["event"] == "run" and events[0]["engine"] == "vllm"
+    assert events[0]["event"] == "run" and events[0]["engine"] == "vllm" and events[-1]["event"] == "end"
     assert schema_errors(events) == []
     result = audit_trace(trace, policy)
     assert result.requests == 6
-    violations = result.violations
-    if events[-1]["event"] != "end":
-        # vLLM sometimes kills its engine core at shutdown (a hang not yet understood) before the
-        # scheduler's shutdown writes `end`; the audit must then say exactly that, and nothing else.
-        assert len(violations) == 1 and "the trace has no end event" in str(violations[0]), violations
-        return
-    assert violations == [], "\n".join(map(str, violations))
+    assert result.violations == [], "\n".join(map(str, result.violations))
+
+
+def test_an_idle_engine_core_shuts_down_on_a_sigterm_taken_by_another_thread(tiny_model, loop_thread, tmp_path):
+    # The kernel may hand vLLM's process-directed SIGTERM to any engine-core thread, but Python runs
+    # the handler in the main thread, which an idle engine leaves asleep on its input queue (see
+    # marsched/vllm/signals.py). Aim the signal at another thread on purpose.
+    tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
+    if tgkill is None:
+        pytest.skip("no tgkill in this libc")
+    trace = tmp_path / "sigterm.jsonl"
+
+    async def serve_one():
+        engine = AugmentedEngine(tiny_model, policy="discard", trace_path=str(trace), dtype="float32",
+                                 enforce_eager=True, block_size=32, max_model_len=512, seed=0)
+        await engine.start()
+        return engine, await engine.generate(list(range(10, 40)), [Step(8)], ignore_eos=True)
+
+    async def shutdown(engine):
+        engine.shutdown()
+
+    engine, result = loop_thread.run(serve_one(), timeout=300)
+    try:
+        assert result.ok, result.error
+        process = engine.llm.engine_core.resources.engine_manager.processes[0]
+        time.sleep(1)  # the engine core goes idle
+
+        def takes_sigterm(tid: int) -> bool:  # ZMQ's threads block every signal
+            try:
+                with open(f"/proc/{process.pid}/task/{tid}/status") as status:
+                    blocked = next(int(line.split()[1], 16) for line in status if line.startswith("SigBlk:"))
+            except FileNotFoundError:  # gone since
+                return False
+            return not blocked & (1 << (signal.SIGTERM - 1))
+
+        threads = [t for t in sorted(map(int, os.listdir(f"/proc/{process.pid}/task")))
+                   if t != process.pid and takes_sigterm(t)]
+        # Some threads come and go: the first one still there takes it.
+        assert any(tgkill(process.pid, tid, signal.SIGTERM) == 0 for tid in threads), "no thread to signal"
+        # Before shutdown() (its own SIGTERM may wake the main thread): the scheduler has ended the trace.
+        assert ended_trace(trace, timeout_s=30)[-1]["event"] == "end", "the engine core did not act on SIGTERM"
+    finally:
+        loop_thread.run(shutdown(engine), timeout=60)
 
 
 def test_vllm_starvation_counter_and_promotions_pass_the_audit(tiny_model, tmp_path):

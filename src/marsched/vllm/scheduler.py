@@ -49,6 +49,7 @@ from marsched.vllm.config import MarsConfig
 from marsched.vllm.kv_swap import HostSwapConnector, SwapMeta
 from marsched.vllm.metadata import ChunkMeta, MetadataError, PlannedSegment, decode, workload_request
 from marsched.vllm.ranked_queue import RankedRequestQueue
+from marsched.vllm.signals import engine_input_queue, wake_engine_on_shutdown_signals
 from marsched.vllm.trace import open_trace
 from marsched.metrics.trace import SCHEMA_VERSION, event_fields
 from marsched.policy.trace_fields import declaration, key_basis
@@ -103,6 +104,10 @@ class MarsSchedulerMixin:
 
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
+        # vLLM's shutdown relies on its SIGTERM handler running; see signals.py.
+        input_queue = engine_input_queue()
+        if input_queue is not None:
+            wake_engine_on_shutdown_signals(input_queue)
         self.mars_config = MarsConfig.from_vllm_config(self.vllm_config)
         self.mars_policy = self.mars_config.build_policy(token_budget=self.max_num_scheduled_tokens)
         self.mars_trace = open_trace(self.mars_config.trace_path)
