@@ -41,7 +41,8 @@ def test_calibrate_fast_writes_a_loadable_profile(tiny_model, tmp_path):
     blocks = kv_blocks_for(KV_GB, 2 * 2 * 2 * 32 * 4) - 1  # float32 tiny model: 1,024 bytes per token; null block
     assert profile.device_blocks == data["device_blocks"] == blocks and profile.block_tokens == 128
     assert profile.kv_bytes_per_token == 1024
-    assert profile.cost.seconds_per_iteration > 0 and profile.cost.swap_tokens_per_s > 0
+    # Any one fitted term may be 0 on a busy machine (non-negative least squares); an iteration may not.
+    assert profile.cost.iteration_time(1, 1, 1) > 0 and profile.cost.swap_tokens_per_s > 0
     for key in ("iteration_ms_fixed", "iteration_ms_per_token", "iteration_us_per_context_token",
                 "iteration_ms_per_sequence"):
         assert data[key] >= 0
