@@ -29,9 +29,13 @@ def simulate_point(record: dict, profile_path: str) -> dict:
     """The simulator's summary for the stream one bench record replayed."""
     # Records name the segment predictor as LENGTH+api:ESTIMATOR.
     length, _, estimator = record.get("predictor", "oracle+api:type-mean").partition("+api:")
+    starvation = record.get("starvation", "default")
+    if record.get("starvation_fcfs_multiple") is not None:
+        starvation = f"{starvation}:{record['starvation_fcfs_multiple']}"
     spec = RunSpec(policy=record["policy"], qps=record["qps"], trace=record["trace"], profile=profile_path,
                    duration_s=record["duration_s"], seed=record["seed"], predictor=length,
-                   api_estimator=estimator or "type-mean")
+                   api_estimator=estimator or "type-mean", starvation=starvation,
+                   starvation_threshold=record.get("starvation_threshold", "default"))
     profile, policy = spec.build()
     kv = record["kv_cache"]
     profile = replace(profile, device_blocks=kv["blocks"], block_tokens=kv["block_tokens"],

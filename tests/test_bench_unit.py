@@ -257,3 +257,23 @@ def test_bench_table_keeps_the_policies_in_the_order_given():
                     record("mars", 2.0)])
     rows = list(zip(table.columns[0]._cells, table.columns[1]._cells))
     assert rows == [("1", "mars"), ("1", "vllm"), ("1", "infercept"), ("2", "vllm"), ("2", "mars")]
+
+
+@pytest.mark.parametrize("starvation, message", [("nope", "unknown starvation variant"),
+                                                 ("fcfs-wait:x", "must be a number"),
+                                                 ("age:2", "only fcfs-wait takes a multiple")])
+def test_a_bad_starvation_variant_is_named_with_its_flag(starvation, message):
+    from marsched.bench.real import BenchSpec
+
+    with pytest.raises(ValueError, match=f"--starvation {starvation}: .*{message}"):
+        BenchSpec("model", starvation=starvation).check()
+    BenchSpec("model", starvation="fcfs-wait:1.5").check()  # a multiple is fine
+
+
+def test_the_record_names_the_starvation_multiple():
+    from marsched.bench.runner import policy_fields
+    from marsched.policy import make_policy
+    from simhelpers import COST
+
+    assert policy_fields(make_policy("mars", COST, starvation="fcfs-wait:1.5"))["starvation_fcfs_multiple"] == 1.5
+    assert policy_fields(make_policy("mars", COST, starvation="age"))["starvation_fcfs_multiple"] is None

@@ -131,6 +131,9 @@ def bench(
     profile: Annotated[str | None, typer.Option(
         help="The plugin's cost model from a profile (a bundled name or a .json path, e.g. from `marsched "
              "calibrate`); default: the placeholder CostSettings.")] = None,
+    starvation: Annotated[str, typer.Option(
+        help="Starvation prevention variant (fcfs-wait[:K], age, published, iterations, off), or 'default' "
+             "(fcfs-wait for mars, off for the others).")] = "default",
 ) -> None:
     """Replay a trace on real vLLM (MarsScheduler, host swap), one engine per policy and load.
 
@@ -141,7 +144,8 @@ def bench(
     rates = positive_numbers(qps, "--qps", "0.5,1,2")
     names = tuple(p.strip() for p in policies.split(",") if p.strip())
     spec = BenchSpec(str(model_dir), trace, names, tuple(rates), duration, seed, api_time_scale, token_scale,
-                     kv_cache_gb, max_requests, max_model_len, predictor, api_estimator, strict, dtype, profile)
+                     kv_cache_gb, max_requests, max_model_len, predictor, api_estimator, strict, dtype, profile,
+                     starvation)
     try:
         spec.check()
         plan_engine(spec, read_model(model_dir))  # a KV cache too small for one block fails here

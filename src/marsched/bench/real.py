@@ -327,6 +327,7 @@ class BenchSpec:
     strict: bool = False
     dtype: str = "auto"  # auto: the model's own (config.json)
     profile: str | None = None  # the plugin's cost model (a profile name or .json path); None: placeholders
+    starvation: str = "default"  # MARS's starvation variant (`--starvation`); "default": the policy's own
 
     def check(self) -> None:
         from marsched.predict import parse_api_estimator, parse_length_predictor
@@ -358,6 +359,13 @@ class BenchSpec:
             raise ValueError(f"--max-model-len {self.max_model_len}: give at least 32")
         if self.dtype not in ("auto", "bfloat16", "float32"):
             raise ValueError(f"--dtype {self.dtype}: valid: auto, bfloat16, float32")
+        if self.starvation != "default":
+            from marsched.policy.registry import starvation_config
+
+            try:
+                starvation_config(self.starvation)
+            except ValueError as error:
+                raise ValueError(f"--starvation {self.starvation}: {error}") from None
         if not 0 <= self.seed < 2**32:
             raise ValueError(f"--seed {self.seed}: give an integer from 0 to 2^32-1")
         if self.profile is not None:
@@ -566,7 +574,8 @@ async def _run_point(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy
                                      "max_model_len": plan.max_model_len, "seed": spec.seed}
     if plan.num_gpu_blocks is not None:
         engine_kwargs["num_gpu_blocks_override"] = plan.num_gpu_blocks
-    mars = {"predictor": spec.predictor, "api_estimator": spec.api_estimator, "seed": spec.seed}
+    mars = {"predictor": spec.predictor, "api_estimator": spec.api_estimator, "seed": spec.seed,
+            "starvation": spec.starvation}
     if spec.profile is not None:  # the engine core reads the file: an absolute path
         mars["profile"] = str(Path(spec.profile).absolute()) if Path(spec.profile).is_file() else spec.profile
     engine = AugmentedEngine(spec.model, policy=policy, tools=_tools(model.vocab), trace_path=str(trace_path),
@@ -664,7 +673,7 @@ def _record(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy: str, qp
     from marsched.vllm.config import MarsConfig
 
     rules = MarsConfig(policy=policy, predictor=spec.predictor, api_estimator=spec.api_estimator,
-                       seed=spec.seed, profile=spec.profile).build_policy(token_budget=max(capacity.get("max_num_batched_tokens", 1), 1))
+                       seed=spec.seed, profile=spec.profile, starvation=spec.starvation).build_policy(token_budget=max(capacity.get("max_num_batched_tokens", 1), 1))
     record: dict[str, Any] = {
         "engine": "vllm",
         "policy": policy,

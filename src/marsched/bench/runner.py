@@ -98,6 +98,7 @@ def policy_fields(policy: Policy) -> dict:
         "predictor": policy.predictor.name,
         "starvation": starvation_variant(policy.starvation),
         "starvation_threshold": policy.starvation.threshold,
+        "starvation_fcfs_multiple": policy.starvation.fcfs_multiple,
         "admission": policy.admission.value,
         "refresh_interval": policy.refresh_interval,
     }
