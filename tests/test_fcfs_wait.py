@@ -125,3 +125,22 @@ def test_the_simulator_counts_every_decoded_token_as_served():
 
     Simulator(requests, small_profile(device_blocks=20), make_policy("mars", COST), on_step=check).run()
     assert len(checked) > 10
+
+
+def test_ended_requests_leave_no_work_owed_whatever_was_predicted():
+    # Noisy predictions: requests end before or after their predicted work. Once every request
+    # has ended, everything that arrived counts as served, so a new arrival would not wait.
+    from marsched.predict import parse_api_estimator, parse_length_predictor
+    from marsched.predict.segment import SegmentPredictor
+
+    predictor = SegmentPredictor(parse_length_predictor("noisy:0.5", 3), parse_api_estimator("oracle"))
+    sim = Simulator(_workload(), small_profile(device_blocks=20), make_policy("mars", COST, predictor=predictor))
+    sim.run()
+    assert sim.queue.fcfs_wait.wait_s(sim.now + 100.0) == 0.0
+
+
+def test_a_multiple_needs_the_seconds_clock():
+    from marsched.policy.policy import StarvationConfig
+
+    with pytest.raises(ValueError, match="a threshold relative to the FCFS wait needs the seconds clock"):
+        StarvationConfig(100, fcfs_multiple=1.0)  # iterations
