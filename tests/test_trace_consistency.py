@@ -59,7 +59,7 @@ def _check(policy, profile):
     def watch(sim, event):
         kind, rid = event["event"], event["rid"]
         fields = set(event) - {"event", "t", "rid"}
-        moving = policy.starvation.enabled and policy.starvation.fcfs_multiple is not None
+        moving = policy.starvation.moves
         # A threshold that moves with the FCFS wait is reported where promotions are decided.
         assert fields == FIELDS[kind] | ({"threshold"} if moving and kind in ("schedule", "promote") else set()), event
         for name in fields:

@@ -90,6 +90,11 @@ class StarvationConfig:
     def enabled(self) -> bool:
         return self.threshold is not None
 
+    @property
+    def moves(self) -> bool:
+        """Whether the threshold moves with the FCFS wait (the trace then reports it per step)."""
+        return self.enabled and self.fcfs_multiple is not None
+
     def counts_for(self, progress: RequestProgress) -> bool:
         """Whether this request's waiting counts towards promotion."""
         return self.enabled and (self.counts is StarvationCount.ALL_WAITING or progress.ran_before)

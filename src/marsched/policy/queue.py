@@ -72,7 +72,7 @@ class WaitingQueue:
     _fcfs: FcfsWait | None = None  # the FCFS wait estimate, when the threshold is relative to it
 
     def __post_init__(self) -> None:
-        if self.policy.starvation.enabled and self.policy.starvation.fcfs_multiple is not None:
+        if self.policy.starvation.moves:
             self._fcfs = FcfsWait()
 
     def __len__(self) -> int:

@@ -302,8 +302,7 @@ class Simulator:
 
     def _moving_threshold(self) -> dict[str, float]:
         """The promotion threshold in force, for the trace, when it moves with the FCFS wait."""
-        config = self.policy.starvation
-        return {"threshold": self.queue.threshold(self.now)} if config.enabled and config.fcfs_multiple else {}
+        return {"threshold": self.queue.threshold(self.now)} if self.policy.starvation.moves else {}
 
     # --- scheduling -------------------------------------------------------------------
 

@@ -597,8 +597,7 @@ class MarsSchedulerMixin:
 
     def _moving_threshold(self) -> dict[str, float]:
         """The promotion threshold this step used, for the trace, when it moves with the FCFS wait."""
-        config = self.mars_policy.starvation
-        return {"threshold": self.waiting.threshold} if config.enabled and config.fcfs_multiple else {}
+        return {"threshold": self.waiting.threshold} if self.mars_policy.starvation.moves else {}
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         result = super().update_from_output(scheduler_output, model_runner_output)
