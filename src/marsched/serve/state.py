@@ -8,9 +8,12 @@ with its JSON: `host_bytes` (KV the Swap connector holds in host memory), and un
 `host_tokens`, `running`, `waiting`, `paused`, `tracked`, `policy`, `iteration`.
 `?request_id=ID` adds that request's predictions, strategies and status (`request`).
 
-Read-only and unauthenticated, like vLLM's `/health` and `/metrics` (vLLM's `--api-key`
-guards `/v1` and a few other prefixes only); `marsched serve --no-state-endpoint`
-leaves it out.
+`DELETE /marsched/conversations/ID` frees what the server keeps of conversation ID
+between its turns (`marsched.vllm.retention`), for a client that will not send the next
+turn; it answers 202 at once and the scheduler frees it before its next step.
+
+Unauthenticated, like vLLM's `/health` and `/metrics` (vLLM's `--api-key` guards `/v1`
+and a few other prefixes only); `marsched serve --no-state-endpoint` leaves both out.
 """
 
 from __future__ import annotations
@@ -22,6 +25,7 @@ from typing import Any
 from urllib.parse import parse_qs
 
 PATH = "/marsched/state"
+CONVERSATIONS = "/marsched/conversations/"
 TIMEOUT_S = 10.0
 
 
@@ -30,7 +34,11 @@ class MarsStateMiddleware:
         self.app = app
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope.get("type") != "http" or scope.get("path") != PATH:
+        path = scope.get("path", "")
+        if scope.get("type") == "http" and path.startswith(CONVERSATIONS):
+            await _release(scope, send, path[len(CONVERSATIONS):])
+            return
+        if scope.get("type") != "http" or path != PATH:
             await self.app(scope, receive, send)
             return
         if scope.get("method") not in ("GET", "HEAD"):
@@ -49,6 +57,28 @@ class MarsStateMiddleware:
             await _answer(send, 503, {"error": f"engine did not answer: {type(error).__name__}: {error}"})
             return
         await _answer(send, 200, results[0] if len(results) == 1 else {"workers": results})
+
+
+async def _release(scope: dict[str, Any], send: Any, conversation: str) -> None:
+    from marsched.vllm.metadata import MAX_CONVERSATION_CHARS
+    from marsched.vllm.retention import send_release
+
+    if scope.get("method") != "DELETE":
+        await _answer(send, 405, {"error": f"{CONVERSATIONS}ID answers DELETE only"}, {"allow": "DELETE"})
+        return
+    if not 1 <= len(conversation) <= MAX_CONVERSATION_CHARS or "/" in conversation:
+        await _answer(send, 400, {"error": f"conversation id: give 1 to {MAX_CONVERSATION_CHARS} characters, no '/'"})
+        return
+    engine = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
+    if engine is None:
+        await _answer(send, 503, {"error": "the engine is not ready"})
+        return
+    try:
+        await asyncio.wait_for(send_release(engine, conversation), TIMEOUT_S)
+    except Exception as error:  # noqa: BLE001
+        await _answer(send, 503, {"error": f"engine did not answer: {type(error).__name__}: {error}"})
+        return
+    await _answer(send, 202, {"conversation": conversation, "release": "sent"})
 
 
 async def _answer(send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:

@@ -18,6 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from marsched.policy import CostModel, Policy, make_policy, parse_threshold
+from marsched.policy.retention import DEFAULT_LIMIT_S, RetentionRule, parse_retention
 from marsched.predict import SegmentPredictor, parse_api_estimator, parse_length_predictor
 
 CONFIG_KEY = "marsched"
@@ -66,6 +67,10 @@ class MarsConfig:
     trace_path: str | None = None  # JSONL event trace written by the scheduler
     host_swap_tokens: int = 1 << 22  # host memory for swapped KV, in tokens
     allow_request_strategy: bool = True  # honour a per-request strategy override (tests, benches)
+    # A conversation's KV between its turns (`marsched.policy.retention`): policy | off | fixed:SECONDS,
+    # and the time after which a follow-up that has not come finds nothing kept.
+    retention: str = "policy"
+    retention_limit_s: float = DEFAULT_LIMIT_S
     cost: CostSettings = field(default_factory=CostSettings)
     # A profile (bundled name or .json path, e.g. from `marsched calibrate`): its cost model
     # replaces `cost`, with vLLM's token budget. A relative path is read from the engine's
@@ -80,6 +85,7 @@ class MarsConfig:
             if self.cost != CostSettings():
                 raise ValueError("marsched config: give either 'profile' (a measured cost model) or 'cost', not both")
         self.build_policy(token_budget=1)
+        self.retention_rule()
 
     # --- (de)serialization --------------------------------------------------------
 
@@ -123,6 +129,14 @@ class MarsConfig:
         return {CONFIG_KEY: self.to_dict()}
 
     # --- the policy ---------------------------------------------------------------
+
+    def retention_rule(self) -> RetentionRule:
+        if isinstance(self.retention_limit_s, bool) or not isinstance(self.retention_limit_s, (int, float)):
+            raise ValueError(f"marsched config 'retention_limit_s': give seconds > 0, got {self.retention_limit_s!r}")
+        try:
+            return parse_retention(self.retention, float(self.retention_limit_s))
+        except ValueError as error:
+            raise ValueError(f"marsched config 'retention': {error}") from None
 
     def cost_model(self, token_budget: int) -> CostModel:
         if self.profile is not None:

@@ -61,8 +61,8 @@ def copy_blocks_in(kv_caches: dict[str, torch.Tensor], block_dim: dict[str, int]
 @dataclass
 class SwapMeta(KVConnectorMetadata):
     swap_out: list[tuple[str, list[int]]] = field(default_factory=list)
-    # (request id, destination block ids, index of the first saved block to restore)
-    swap_in: list[tuple[str, list[int], int]] = field(default_factory=list)
+    # (request id, destination block ids, index of the first saved block to restore, host key of the copy)
+    swap_in: list[tuple[str, list[int], int, str]] = field(default_factory=list)
     drop: list[str] = field(default_factory=list)
     # The scheduler's state after this step's schedule, for MarsWorkerExtension (the worker
     # may live in another process than the scheduler: on CPU vLLM always uses the mp executor).
@@ -76,9 +76,10 @@ class HostSwapConnector(KVConnectorBase_V1):
         self.num_blocks = getattr(kv_cache_config, "num_blocks", None)
         # scheduler side
         self._pending_out: dict[str, list[int]] = {}
-        self._pending_in: dict[str, tuple[list[int], int]] = {}
+        self._pending_in: dict[str, tuple[list[int], int, str]] = {}
         self._pending_drop: list[str] = []
         self.expect_load: dict[str, int] = {}  # rid -> tokens to restore
+        self.load_from: dict[str, str] = {}  # rid -> host key of the copy it loads, when not its own
         self.host_tokens: dict[str, int] = {}  # rid -> tokens held on host (scheduler's account)
         self.last_swap_in: dict[str, int] = {}  # rid -> blocks restored, for the scheduler's trace
         self.snapshot_dirty = False  # the scheduler's state changed: run a step to publish it
@@ -109,6 +110,7 @@ class HostSwapConnector(KVConnectorBase_V1):
     def drop(self, req_id: str) -> None:
         """Forget a request's host copy (its device blocks are kept or gone)."""
         self.expect_load.pop(req_id, None)
+        self.load_from.pop(req_id, None)
         self._pending_out.pop(req_id, None)
         self._pending_in.pop(req_id, None)
         if self.host_tokens.pop(req_id, None) is not None:
@@ -130,22 +132,23 @@ class HostSwapConnector(KVConnectorBase_V1):
     def update_state_after_alloc(self, request: Any, blocks: Any, num_external_tokens: int) -> None:
         rid = request.request_id
         saved = self.expect_load.pop(rid, None)
+        source = self.load_from.pop(rid, rid)
         if saved is None:
             return
         if num_external_tokens <= 0:  # a local prefix hit covered it all
-            self.drop(rid)
+            self.drop(source)
             return
         first = (saved - num_external_tokens) // self.block_size  # the local hit is block-aligned
         last = -(-saved // self.block_size)
         ids = blocks.get_block_ids()[0][first:last]
-        self._pending_in[rid] = (ids, first)
-        self.host_tokens.pop(rid, None)
+        self._pending_in[rid] = (ids, first, source)
+        self.host_tokens.pop(source, None)
         self.last_swap_in[rid] = len(ids)
 
     def build_connector_meta(self, scheduler_output: Any) -> SwapMeta:
         meta = SwapMeta(
             swap_out=list(self._pending_out.items()),
-            swap_in=[(rid, ids, first) for rid, (ids, first) in self._pending_in.items()],
+            swap_in=[(rid, ids, first, source) for rid, (ids, first, source) in self._pending_in.items()],
             drop=list(self._pending_drop),
         )
         self._pending_out.clear()
@@ -182,9 +185,9 @@ class HostSwapConnector(KVConnectorBase_V1):
             self.host[rid] = copy_blocks_out(self.kv_caches, self._block_dim, ids)
             self.stats["out_blocks"] += len(ids)
             self.stats["out_s"] += time.perf_counter() - started
-        for rid, ids, first in meta.swap_in:
+        for rid, ids, first, source in meta.swap_in:
             started = time.perf_counter()
-            copy_blocks_in(self.kv_caches, self._block_dim, self.host.pop(rid), ids, first)
+            copy_blocks_in(self.kv_caches, self._block_dim, self.host.pop(source), ids, first)
             self.stats["in_blocks"] += len(ids)
             self.stats["in_s"] += time.perf_counter() - started
         if (meta.swap_out or meta.swap_in) and torch.cuda.is_available():

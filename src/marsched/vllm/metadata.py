@@ -8,8 +8,17 @@ replaces the request's sampling params, so each chunk carries the current plan):
      "plan": [[out_tokens, api_type, api_s, return_tokens], ..., [out_tokens, null, 0, 0]],
      "strategy": "swap",                  # optional per-request override
      "rid": "req-7",                      # the caller's request id, for the trace
-     "predicted": 120}                    # optional: the front end's predicted output tokens
+     "predicted": 120,                    # optional: the front end's predicted output tokens
                                           # of the segment this chunk starts (learned predictor)
+     "conversation": "chat-42",           # optional: the conversation this request is a turn of
+     "tool_s": 1.5,                       # optional: seconds until the conversation's next turn
+     "retain": false}                     # optional: no next turn comes (default true)
+
+A request with `conversation` is one turn of a multi-turn exchange (an OpenAI client's
+tool call and the follow-up carrying the tool's result). When it finishes, the server
+keeps its KV cache the way the policy decides from `tool_s` (or its prediction of the
+gap) until the next request of the same conversation arrives, which reuses it, or a
+time limit passes (`marsched.vllm.retention`).
 
 `plan` is the caller's expectation of the whole request: for trace replay the true
 trace request, for live tool use the expected output tokens per segment and, per
@@ -52,7 +61,8 @@ MAX_TOKENS = 10_000_000
 MAX_API_S = 1_000_000.0
 MAX_RID_CHARS = 1024
 MAX_JSON_CHARS = 100_000
-FIELDS = ("segment", "plan", "strategy", "rid", "predicted")
+MAX_CONVERSATION_CHARS = 256
+FIELDS = ("segment", "plan", "strategy", "rid", "predicted", "conversation", "tool_s", "retain")
 PLAN_ITEM = ("output_tokens", "api_type", "api_s", "return_tokens")
 
 
@@ -96,6 +106,9 @@ class ChunkMeta:
     strategy: Strategy | None = None
     request_id: str | None = None  # the caller's id (vLLM's internal id adds a random suffix)
     predicted: int | None = None  # the front end's prediction of this segment's output tokens
+    conversation: str | None = None  # the conversation this request is a turn of
+    tool_s: float | None = None  # the client's estimate of the time until the next turn
+    retain: bool = True  # False: the conversation's last turn, nothing to keep
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"segment": self.segment, "plan": [p.to_list() for p in self.plan]}
@@ -105,6 +118,12 @@ class ChunkMeta:
             data["rid"] = self.request_id
         if self.predicted is not None:
             data["predicted"] = self.predicted
+        if self.conversation is not None:
+            data["conversation"] = self.conversation
+        if self.tool_s is not None:
+            data["tool_s"] = self.tool_s
+        if not self.retain:
+            data["retain"] = False
         return data
 
     def to_extra_args(self) -> dict[str, Any]:
@@ -159,7 +178,18 @@ def parse(value: Any) -> ChunkMeta | None:
     predicted = value.get("predicted")
     if predicted is not None:
         predicted = _integer(predicted, f"{KEY}.predicted", 1, MAX_TOKENS)
-    return ChunkMeta(segment, plan, strategy, rid, predicted)
+    conversation = value.get("conversation")
+    if conversation is not None and (not isinstance(conversation, str)
+                                     or not 1 <= len(conversation) <= MAX_CONVERSATION_CHARS):
+        raise MetadataError(f"{KEY}.conversation", f"must be a string of 1 to {MAX_CONVERSATION_CHARS} characters, "
+                                                   f"got {_show(conversation)}")
+    tool_s = value.get("tool_s")
+    if tool_s is not None:
+        tool_s = _number(tool_s, f"{KEY}.tool_s", 0.0, MAX_API_S)
+    retain = value.get("retain", True)
+    if not isinstance(retain, bool):
+        raise MetadataError(f"{KEY}.retain", f"must be true or false, got {_show(retain)}")
+    return ChunkMeta(segment, plan, strategy, rid, predicted, conversation, tool_s, retain)
 
 
 def decode(sampling_params: Any) -> ChunkMeta | None:

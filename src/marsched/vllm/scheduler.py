@@ -15,7 +15,10 @@ used is listed in docs/vllm-internals.md):
 - each call's strategy: a resumable request that stops (tool call) is paused by
   vLLM with its blocks (Preserve); `_handle_stopped_request` asks the policy and
   frees the blocks (Discard) or queues a copy to host (Swap, `kv_swap.py`);
-  `_update_request_as_session` (the next chunk) restores the request.
+  `_update_request_as_session` (the next chunk) restores the request;
+- between a conversation's turns (requests naming a `conversation`, the OpenAI way of
+  calling tools): `_free_request` keeps the finished turn's KV by the retention rule's
+  strategy until the follow-up arrives (`retention.py`).
 
 The logic is in `MarsSchedulerMixin`; `MarsScheduler` puts it on vLLM's
 `AsyncScheduler`, which also runs correctly with synchronous execution (on CPU
@@ -49,9 +52,11 @@ from marsched.vllm.config import MarsConfig
 from marsched.vllm.kv_swap import HostSwapConnector, SwapMeta
 from marsched.vllm.metadata import ChunkMeta, MetadataError, PlannedSegment, decode, workload_request
 from marsched.vllm.ranked_queue import RankedRequestQueue
-from marsched.vllm.signals import engine_input_queue, wake_engine_on_shutdown_signals
+from marsched.vllm.retention import RELEASE_PREFIX, HOST_KEY_PREFIX, ConversationKeeper
+from marsched.vllm.signals import engine_input_queue, wake_engine, wake_engine_on_shutdown_signals
 from marsched.vllm.trace import open_trace
 from marsched.metrics.trace import SCHEMA_VERSION, event_fields
+from marsched.policy.retention import GapEstimator
 from marsched.policy.trace_fields import declaration, key_basis
 from marsched.workload.model import ApiCall, ApiType
 
@@ -94,6 +99,9 @@ class Tracked:
     closing: bool = False
     preemptions: int = 0
     victim_key: float = 0.0
+    conversation: str | None = None  # the conversation this request is a turn of
+    tool_s: float | None = None  # the client's estimate of the time until the next turn
+    retain: bool = True
     strategies: list[str] = field(default_factory=list)  # the strategy each call ran under
     predictions: dict[int, SegmentPrediction] = field(default_factory=dict)  # at each segment's start
     front_end_predictions: set[int] = field(default_factory=set)  # segments whose length the front end predicted
@@ -105,7 +113,7 @@ class MarsSchedulerMixin:
     def __init__(self, *args: Any, **kwargs: Any) -> None:
         super().__init__(*args, **kwargs)
         # vLLM's shutdown relies on its SIGTERM handler running; see signals.py.
-        input_queue = engine_input_queue()
+        input_queue = self._input_queue = engine_input_queue()
         if input_queue is not None:
             wake_engine_on_shutdown_signals(input_queue)
         self.mars_config = MarsConfig.from_vllm_config(self.vllm_config)
@@ -127,6 +135,13 @@ class MarsSchedulerMixin:
         self.waiting = RankedRequestQueue(self.mars_policy, self._progress_of, self._load, lambda: self._iteration,
                                           time.monotonic, self._admits, on_fault=self._fail)
         self._swapper = self.connector if isinstance(self.connector, HostSwapConnector) else None
+        self._retention = self.mars_config.retention_rule()
+        self._keeper = ConversationKeeper(self.kv_cache_manager.block_pool, self.cache_config.block_size, self._swapper)
+        self._gaps = GapEstimator()
+        self._promotions = 0
+        if not self.cache_config.enable_prefix_caching:
+            logger.warning("marsched: prefix caching is off, so a conversation's Preserve retention keeps nothing "
+                           "(its follow-up could not find the blocks); Swap retention still works")
         _LIVE.append(weakref.ref(self))
         block_tokens = self.cache_config.block_size
         self._emit("run", None, schema_version=SCHEMA_VERSION, engine="vllm", policy=declaration(self.mars_policy),
@@ -259,6 +274,11 @@ class MarsSchedulerMixin:
         if meta is not None and meta.predicted is not None and self.mars_config.front_end:
             tracked.front_end_predictions.add(meta.segment)
         self._tracked[request.request_id] = tracked
+        if meta is not None and meta.conversation is not None:
+            tracked.conversation, tracked.tool_s, tracked.retain = meta.conversation, meta.tool_s, meta.retain
+            gap = self._keeper.claim(meta.conversation, request.request_id, list(request.prompt_token_ids or ()), now)
+            if gap is not None:
+                self._gaps.observe(gap)
         self._emit("arrive", tracked, arrival_s=now, prompt_tokens=request.num_prompt_tokens, segments=len(plan))
         self._sync(tracked, request)
         self._start_segment(tracked)
@@ -464,6 +484,8 @@ class MarsSchedulerMixin:
         self._end_failed()
         self._iteration += 1
         now = time.monotonic()
+        self._keeper.expire(now)
+        self._make_room_for_head()
         if self._last_step_t is not None and self.running:
             self._tau = 0.8 * self._tau + 0.2 * min(now - self._last_step_t, 10.0)
         self._last_step_t = now
@@ -472,6 +494,7 @@ class MarsSchedulerMixin:
         self._sync_active()
         self._reconsider_paused()
         for progress in self.waiting.promote_starving(self._iteration):
+            self._promotions += 1
             tracked = self._tracked.get(progress.request_id)
             self._emit("promote", tracked, counter=progress.counter, **self._moving_threshold())
         refreshed = self.waiting.refresh(self._load(), self._iteration)
@@ -545,6 +568,8 @@ class MarsSchedulerMixin:
             rid = request.request_id
             if rid in before:
                 continue
+            if rid in self._keeper.claims:  # a follow-up: what it did not compute came from the kept turn
+                self._keeper.scheduled(rid, request.num_computed_tokens - output.num_scheduled_tokens.get(rid, 0))
             tracked = self._tracked.get(rid)
             if tracked is None:
                 continue
@@ -582,11 +607,14 @@ class MarsSchedulerMixin:
                     requests[info["request_id"]] = info
             meta.snapshot = {"state": self.mars_snapshot(), "requests": requests}
             for rid, ids in meta.swap_out:
+                if rid.startswith(HOST_KEY_PREFIX):
+                    self._keeper.copy_sent(rid, output)
+                    continue
                 tracked = self._tracked.get(rid)
                 if tracked is not None:
                     tracked.kv = Kv.SWAP_OUT
                     self._swap_inflight[rid] = (output, len(ids))
-            for rid, ids, _ in meta.swap_in:
+            for rid, ids, _, _ in meta.swap_in:
                 self._emit("swap_in", self._tracked.get(rid), blocks=len(ids))
         tokens = output.total_num_scheduled_tokens
         if self.mars_trace.enabled and tokens:
@@ -601,6 +629,7 @@ class MarsSchedulerMixin:
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         result = super().update_from_output(scheduler_output, model_runner_output)
+        self._keeper.copies_done(scheduler_output)
         for rid, (output, blocks) in list(self._swap_inflight.items()):
             if output is not scheduler_output:
                 continue
@@ -694,13 +723,67 @@ class MarsSchedulerMixin:
         super()._preempt_request(request, timestamp, drop_stale_output)
 
     def has_requests(self) -> bool:
-        return super().has_requests() or bool(self._swap_inflight or self._failed or self._error_outputs)
+        return (super().has_requests() or bool(self._swap_inflight or self._failed or self._error_outputs)
+                or self._keeper.due(time.monotonic()))
+
+    # --- conversations ----------------------------------------------------------------
+
+    def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
+        """vLLM's abort path, also carrying releases: `marsched-release:<conversation>` ends that
+        conversation's retention (a front end whose client went away, or a last turn)."""
+        if request_ids is not None:
+            ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+            releases = [rid for rid in ids if rid.startswith(RELEASE_PREFIX)]
+            for rid in releases:
+                self._keeper.release(rid[len(RELEASE_PREFIX):])
+            if releases:
+                request_ids = [rid for rid in ids if not rid.startswith(RELEASE_PREFIX)]
+        return super().finish_requests(request_ids, finished_status)
+
+    def _keep_conversation(self, request: Request, tracked: Tracked) -> None:
+        """A turn of a conversation ends: keep its KV as the retention rule decides."""
+        now = time.monotonic()
+        groups = self.kv_cache_manager.get_blocks(request.request_id).blocks
+        blocks = list(groups[0]) if len(groups) == 1 else []  # one KV group: full attention
+        gap_s = self._gaps.predict(tracked.tool_s)
+        if tracked.override is not None and self._retention.name == "policy":
+            strategy, hold_s = tracked.override, self._retention.limit_s
+        else:
+            choice = self._retention.decide(self.mars_policy, request.num_computed_tokens, gap_s, self._load())
+            strategy, hold_s = choice.strategy, choice.hold_s
+        if strategy is Strategy.SWAP and not self._can_keep_on_host(request):
+            strategy = self.mars_policy.strategy_for_gap(request.num_computed_tokens, gap_s,
+                                                         replace(self._load(), host_free_tokens=0))
+        kept = self._keeper.keep(tracked.conversation, request.request_id, request.all_token_ids,
+                                 request.num_computed_tokens, blocks, strategy, now, hold_s)
+        if kept is not None and self._input_queue is not None:
+            self._keeper.wake_at(hold_s, lambda: wake_engine(self._input_queue))
+
+    def _can_keep_on_host(self, request: Request) -> bool:
+        return self._swapper is not None and self._load().host_free_tokens >= request.num_computed_tokens
+
+    def _make_room_for_head(self) -> None:
+        """Kept conversations give way when the head of the queue does not fit (oldest first)."""
+        if not self._keeper.kept or not len(self.waiting):
+            return
+        head = self.waiting.head_request()
+        if head is None:
+            return
+        block_size = self.cache_config.block_size
+        needed = -(-(head.num_tokens - head.num_computed_tokens + 1) // block_size)
+        self._keeper.relieve(self.kv_cache_manager.block_pool.get_num_free_blocks(), needed)
 
     # --- the end ----------------------------------------------------------------------
 
     def _free_request(self, request: Request, delay_free_blocks: bool = False) -> Any:
         rid = request.request_id
         tracked = self._tracked.get(rid)
+        if (tracked is not None and tracked.conversation is not None and tracked.retain
+                and request.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)):
+            try:
+                self._keep_conversation(request, tracked)
+            except Exception:  # noqa: BLE001 - nothing is kept; vLLM frees the request as usual
+                logger.exception("marsched: keeping the KV of conversation turn %s failed", rid)
         result = super()._free_request(request, delay_free_blocks)
         if tracked is not None:
             try:
@@ -713,6 +796,7 @@ class MarsSchedulerMixin:
     def _forget_finished(self, request: Request, tracked: Tracked) -> None:
         rid = request.request_id
         self.waiting.queue.finished(rid)
+        self._keeper.forget(rid)
         self._paused_preserved.pop(rid, None)
         self._swap_inflight.pop(rid, None)
         if self._swapper is not None:
@@ -735,6 +819,7 @@ class MarsSchedulerMixin:
                    strategies=list(tracked.strategies), preemptions=tracked.preemptions)
 
     def shutdown(self) -> None:
+        self._keeper.close()
         try:
             super().shutdown()
         finally:
@@ -780,6 +865,10 @@ class MarsSchedulerMixin:
             "paused": self.num_waiting_for_streaming_input,
             "tracked": len(self._tracked),
             "policy": self.mars_policy.name,
+            "retention": self._retention.name,
+            "promotions": self._promotions,
+            **self._paused_by_strategy(),
+            **self._keeper.snapshot(),
         }
         if request_id is not None:
             found = self._done.get(request_id)
@@ -791,6 +880,14 @@ class MarsSchedulerMixin:
                     found["blocks"] = sum(len(i) for i in self.kv_cache_manager.get_block_ids(internal))
             state["request"] = found
         return state
+
+
+    def _paused_by_strategy(self) -> dict[str, int]:
+        counts = {f"paused_{s.value}": 0 for s in Strategy}
+        for tracked in self._tracked.values():
+            if tracked.in_call and tracked.strategies:
+                counts[f"paused_{tracked.strategies[-1]}"] += 1
+        return counts
 
 
 class MarsScheduler(MarsSchedulerMixin, AsyncScheduler):

@@ -77,4 +77,9 @@ def _wake_on_signals(reader: socket.socket, writer: socket.socket, input_queue: 
             return
         if any(number in _SHUTDOWN_SIGNALS for number in received):
             # A WAKEUP is a no-op for the busy loop; the pending handler runs once it is back in Python.
-            input_queue.put_nowait((EngineCoreRequestType.WAKEUP, None))
+            wake_engine(input_queue)
+
+
+def wake_engine(input_queue: queue.Queue) -> None:
+    """Make an idle engine core look at its scheduler again (`has_requests`)."""
+    input_queue.put_nowait((EngineCoreRequestType.WAKEUP, None))

@@ -1,0 +1,278 @@
+"""Conversation KV retention inside vLLM: keep a finished turn's KV until its follow-up.
+
+A request whose marsched metadata names a `conversation` is one turn of it. When the turn
+finishes (its response carried a tool call, say), `ConversationKeeper.keep` applies the
+strategy the retention rule chose (`marsched.policy.retention`):
+
+- Preserve: the turn's cached full blocks get one more reference, so vLLM's prefix cache
+  cannot evict them; the follow-up, whose prompt starts with the same tokens, finds them
+  as an ordinary prefix-cache hit. The reference is dropped when the follow-up has been
+  scheduled (its own references hold them then), or at the end of the retention.
+- Swap: the full blocks are copied to host memory by the Swap connector (`kv_swap.py`,
+  under the key `marsched-conv:<request id>`), pinned until the copy has run, then freed
+  and taken out of the prefix cache: the context is on the host only. The follow-up's
+  matching prefix is loaded back as the connector's external hit.
+- Discard: nothing is kept; the blocks go back to vLLM's prefix cache as they would in
+  stock vLLM (reusable until evicted).
+
+A retention ends when the follow-up is scheduled (a hit), when the conversation is
+released (`send_release`: vLLM's abort message to the engine core, carrying the id
+`marsched-release:<conversation>`, which `MarsScheduler.finish_requests` takes), when vLLM runs out of room for the
+head of the waiting queue (oldest Preserve first), or at its time limit. A follow-up of a
+conversation whose KV was not kept (discarded, expired, released) is a miss.
+
+Every private vLLM name used here is listed in docs/vllm-internals.md.
+"""
+
+from __future__ import annotations
+
+import threading
+from collections import OrderedDict
+from dataclasses import dataclass, field
+from typing import Any
+
+from marsched.policy import Strategy
+
+RELEASE_PREFIX = "marsched-release:"
+HOST_KEY_PREFIX = "marsched-conv:"
+_SEEN_KEPT = 100_000  # conversations remembered after their last turn, for hit/miss counting
+
+
+@dataclass(eq=False)
+class Kept:
+    conversation: str
+    rid: str  # the finished turn's internal request id
+    strategy: Strategy
+    tokens: list[int]  # the context whose KV is kept (whole blocks)
+    kept_t: float
+    expires_t: float
+    pinned: list[Any] = field(default_factory=list)  # device blocks holding our extra reference
+    host_key: str | None = None  # Swap: the connector's key of the host copy
+    copy_step: Any = None  # Swap: the scheduler output whose metadata carries the copy
+    copied: bool = False
+    claimed_by: str | None = None  # the follow-up's internal id, once it has arrived
+
+
+@dataclass(slots=True)
+class RetentionStats:
+    hits: int = 0  # follow-ups that found their conversation's KV kept
+    misses: int = 0  # follow-ups of a known conversation whose KV was not kept
+    expired: int = 0
+    released: int = 0  # by the front end, or for room
+    reused_tokens: int = 0  # context tokens follow-ups did not recompute (prefix hit + host load)
+
+
+async def send_release(engine_client: Any, conversation: str) -> None:
+    """From the API server: free what the engine keeps of `conversation`, before its next step.
+
+    `AsyncLLM.abort` drops ids its front end does not know, so the release goes to the engine
+    core's client directly (`engine_client.engine_core`)."""
+    await engine_client.engine_core.abort_requests_async([RELEASE_PREFIX + conversation])
+
+
+def common_prefix(a: list[int], b: list[int]) -> int:
+    n = min(len(a), len(b))
+    i = 0
+    while i < n and a[i] == b[i]:
+        i += 1
+    return i
+
+
+class ConversationKeeper:
+    """The kept turns of one scheduler, by conversation."""
+
+    def __init__(self, block_pool: Any, block_size: int, swapper: Any | None) -> None:
+        self.pool = block_pool
+        self.block_size = block_size
+        self.swapper = swapper
+        self.kept: dict[str, Kept] = {}  # conversation -> its kept turn
+        self.claims: dict[str, Kept] = {}  # follow-up's internal id -> the turn it reuses
+        self.landing: list[Kept] = []  # released while their copy was in flight
+        self.last_end_t: OrderedDict[str, float] = OrderedDict()  # conversation -> its last turn's end
+        self.stats = RetentionStats()
+        self._timers: list[threading.Timer] = []
+
+    # --- a turn ends ------------------------------------------------------------------
+
+    def keep(self, conversation: str, rid: str, token_ids: list[int], computed_tokens: int,
+             blocks: list[Any], strategy: Strategy, now: float, hold_s: float) -> Kept | None:
+        """Keep a finishing turn's KV (`blocks`: its device blocks, in order, still allocated)."""
+        self.release(conversation, counted=False)
+        self._remember(conversation, now)
+        if strategy is Strategy.DISCARD or hold_s <= 0:
+            return None
+        full = min(computed_tokens // self.block_size, len(blocks))
+        if strategy is Strategy.PRESERVE:
+            # Only hashed blocks are found by the follow-up's prefix lookup.
+            full = next((i for i, b in enumerate(blocks[:full]) if b.block_hash is None), full)
+        if full == 0:
+            return None
+        if strategy is Strategy.SWAP and self.swapper is None:
+            strategy = Strategy.PRESERVE
+        kept = Kept(conversation, rid, strategy, list(token_ids[:full * self.block_size]), now, now + hold_s)
+        kept.pinned = list(blocks[:full])
+        self.pool.touch(kept.pinned)
+        if strategy is Strategy.SWAP:
+            kept.host_key = HOST_KEY_PREFIX + rid
+            self.swapper.queue_swap_out(kept.host_key, [b.block_id for b in kept.pinned], len(kept.tokens))
+        self.kept[conversation] = kept
+        return kept
+
+    def copy_sent(self, host_key: str, step: Any) -> None:
+        for kept in self.kept.values():
+            if kept.host_key == host_key and kept.copy_step is None:
+                kept.copy_step = step
+                return
+
+    def copies_done(self, step: Any) -> None:
+        """The step that carried some copies to the worker has run: their device blocks go."""
+        landed = [k for k in self.landing if k.copy_step is step]
+        self.landing = [k for k in self.landing if k.copy_step is not step]
+        for kept in landed:
+            kept.copied = True
+            self._unpin(kept)
+            self._drop_host(kept)
+        for kept in list(self.kept.values()) + list(self.claims.values()):
+            if kept.copy_step is step and not kept.copied:
+                kept.copied = True
+                if kept.claimed_by is not None:  # the follow-up came first: it reads the device copy
+                    self._drop_host(kept)
+                    continue
+                blocks, kept.pinned = kept.pinned, []
+                self.pool.free_blocks(blocks)
+                # On the host only: a later prefix lookup must not find the freed blocks.
+                self.pool.evict_blocks({b.block_id for b in blocks if b.ref_cnt == 0})
+
+    # --- the follow-up ----------------------------------------------------------------
+
+    def claim(self, conversation: str, rid: str, prompt_token_ids: list[int], now: float) -> float | None:
+        """A request of `conversation` arrives: count a hit or a miss, set up a host load.
+        Returns the gap since the conversation's last turn ended (None: a new conversation)."""
+        end_t = self.last_end_t.get(conversation)
+        kept = self.kept.pop(conversation, None)
+        if kept is None:
+            if end_t is not None:
+                self.stats.misses += 1
+            return None if end_t is None else now - end_t
+        self.stats.hits += 1
+        kept.claimed_by = rid
+        self.claims[rid] = kept
+        if kept.host_key is not None:
+            if not kept.copied and self.swapper.cancel_swap_out(kept.host_key):
+                kept.host_key = None  # not copied yet: the pinned device blocks serve it
+            elif kept.copied:
+                usable = (len(prompt_token_ids) - 1) // self.block_size * self.block_size  # one token is computed
+                matched = min(common_prefix(kept.tokens, prompt_token_ids), usable)
+                matched -= matched % self.block_size
+                if matched > 0:
+                    self.swapper.expect_load[rid] = matched
+                    self.swapper.load_from[rid] = kept.host_key
+        return now - end_t if end_t is not None else None
+
+    def scheduled(self, rid: str, reused_tokens: int) -> None:
+        """The follow-up got its blocks: our references and any host copy left can go."""
+        kept = self.claims.pop(rid, None)
+        if kept is None:
+            return
+        self.stats.reused_tokens += max(reused_tokens, 0)
+        self._unpin(kept)
+        self._drop_host(kept)
+
+    def forget(self, rid: str) -> None:
+        """A request ended: if it was a follow-up never scheduled, its claim ends too."""
+        kept = self.claims.pop(rid, None)
+        if kept is not None:
+            if self.swapper is not None:
+                self.swapper.drop(rid)
+            self._unpin(kept)
+            self._drop_host(kept)
+
+    # --- ends -------------------------------------------------------------------------
+
+    def release(self, conversation: str, counted: bool = True) -> bool:
+        kept = self.kept.pop(conversation, None)
+        if kept is None:
+            return False
+        if counted:
+            self.stats.released += 1
+        if kept.host_key is not None and not kept.copied and self.swapper.cancel_swap_out(kept.host_key):
+            kept.host_key = None
+        if kept.copy_step is not None and not kept.copied:
+            self.landing.append(kept)  # the copy is on its way (async scheduling): drop it when it lands
+            return True
+        self._unpin(kept)
+        self._drop_host(kept)
+        return True
+
+    def expire(self, now: float) -> None:
+        for conversation, kept in list(self.kept.items()):
+            if kept.expires_t <= now:
+                self.release(conversation, counted=False)
+                self.stats.expired += 1
+
+    def relieve(self, free_blocks: int, needed_blocks: int) -> int:
+        """Release Preserve retentions, oldest first, until `needed_blocks` are free; returns how many."""
+        released = 0
+        for conversation, kept in sorted(self.kept.items(), key=lambda item: item[1].kept_t):
+            if free_blocks >= needed_blocks:
+                break
+            if kept.strategy is not Strategy.PRESERVE or kept.claimed_by is not None:
+                continue
+            freed = sum(1 for b in kept.pinned if b.ref_cnt == 1)
+            self.release(conversation)
+            free_blocks += freed
+            released += 1
+        return released
+
+    def due(self, now: float) -> bool:
+        """Whether the engine must step to end a retention past its time (a copy to send keeps it
+        stepping through the connector's `has_pending_push_work`)."""
+        return any(k.expires_t <= now for k in self.kept.values()) or bool(self.landing)
+
+    def wake_at(self, delay_s: float, wake: Any) -> None:
+        """Call `wake` after `delay_s` (an idle engine sleeps on its input queue)."""
+        self._timers = [t for t in self._timers if t.is_alive()]
+        timer = threading.Timer(delay_s, wake)
+        timer.daemon = True
+        timer.start()
+        self._timers.append(timer)
+
+    def close(self) -> None:
+        for timer in self._timers:
+            timer.cancel()
+
+    # --- state ------------------------------------------------------------------------
+
+    def snapshot(self) -> dict[str, int]:
+        by = {s: 0 for s in (Strategy.PRESERVE, Strategy.SWAP)}
+        for kept in self.kept.values():
+            by[kept.strategy] = by.get(kept.strategy, 0) + 1
+        return {
+            "retained_preserve": by[Strategy.PRESERVE],
+            "retained_swap": by[Strategy.SWAP],
+            "retained_device_blocks": sum(len(k.pinned) for k in self.kept.values()),
+            "retained_host_tokens": sum(len(k.tokens) for k in self.kept.values()
+                                        if k.host_key is not None and k.copied),
+            "retention_hits": self.stats.hits,
+            "retention_misses": self.stats.misses,
+            "retention_expired": self.stats.expired,
+            "retention_released": self.stats.released,
+            "retention_reused_tokens": self.stats.reused_tokens,
+        }
+
+    # --- helpers ----------------------------------------------------------------------
+
+    def _remember(self, conversation: str, now: float) -> None:
+        self.last_end_t[conversation] = now
+        self.last_end_t.move_to_end(conversation)
+        while len(self.last_end_t) > _SEEN_KEPT:
+            self.last_end_t.popitem(last=False)
+
+    def _unpin(self, kept: Kept) -> None:
+        blocks, kept.pinned = kept.pinned, []
+        if blocks:
+            self.pool.free_blocks(blocks)
+
+    def _drop_host(self, kept: Kept) -> None:
+        if kept.host_key is not None and self.swapper is not None:
+            self.swapper.drop(kept.host_key)

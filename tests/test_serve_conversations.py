@@ -1,0 +1,172 @@
+"""Client-side tool calls through a live `marsched serve`, driven by the official `openai` client.
+
+A conversation turn ends with a tool call (a named `tool_choice`: the random-weight model
+then writes a valid call under vLLM's structured outputs); the server keeps the turn's KV
+as the strategy says (forced per request here, or chosen by the policy from `tool_s`) until
+the follow-up with the tool's result arrives. Checked against the server's own state
+(`/marsched/state`) and against the same follow-up computed from scratch (another
+`cache_salt`, so nothing is reused): the tokens must be the same. A follow-up that never
+comes is freed at the time limit, or at once by `DELETE /marsched/conversations/ID`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+openai = pytest.importorskip("openai")
+
+from test_serve import Server  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+
+LIMIT_S = 8.0
+TOOL_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' and m.get('tool_calls') %}"
+    "{% for c in m['tool_calls'] %}call {{ c['function']['name'] }} {{ c['function']['arguments'] }}\n{% endfor %}"
+    "{% elif m['role'] == 'tool' %}result {{ m['content'] }}\n{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}"
+)
+TOOL_ARGS = ("--block-size", "32", "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+             "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}')
+WEATHER = {"type": "function", "function": {
+    "name": "get_weather", "description": "the weather in a city",
+    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["paris", "oslo"]}},
+                   "required": ["city"], "additionalProperties": False}}}
+QUESTION = " ".join(["search the web for the weather in paris today and call the calculator api"] * 6)
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    running = Server(tiny_model, tmp_path_factory.mktemp("conversations"),
+                     serve_args=("--retention-limit-s", str(LIMIT_S)), vllm_args=TOOL_ARGS,
+                     chat_template=TOOL_TEMPLATE)
+    try:
+        running.wait_ready()
+        yield running
+    finally:
+        running.stop()
+        running.kill_leftovers()
+
+
+@pytest.fixture(scope="module")
+def client(server):
+    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+        yield c
+
+
+def marsched(**fields) -> dict:
+    return {"vllm_xargs": {"marsched": json.dumps(fields)}}
+
+
+def scheduler(server: Server) -> dict:
+    return server.state()["scheduler"]
+
+
+def wait_for(server: Server, check, what: str, timeout_s: float = 20.0) -> dict:
+    deadline = time.monotonic() + timeout_s
+    while True:
+        state = scheduler(server)
+        if check(state):
+            return state
+        assert time.monotonic() < deadline, f"{what} never happened: {state}"
+        time.sleep(0.1)
+
+
+def tool_turn(client, server: Server, conversation: str, **meta) -> tuple[list, object]:
+    messages = [{"role": "user", "content": f"{conversation} {QUESTION}"}]
+    response = client.chat.completions.create(
+        model=server.model, messages=messages, tools=[WEATHER], temperature=0, max_tokens=40,
+        tool_choice={"type": "function", "function": {"name": "get_weather"}},
+        extra_body=marsched(conversation=conversation, **meta))
+    message = response.choices[0].message
+    assert message.tool_calls, f"the model did not call the tool: {response}"
+    assert json.loads(message.tool_calls[0].function.arguments)["city"] in ("paris", "oslo")
+    messages.append(message.model_dump(exclude_none=True))
+    messages.append({"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": "sunny and 20 degrees"})
+    return messages, response
+
+
+def follow_up(client, server: Server, messages: list, extra: dict) -> tuple[list[int], str]:
+    response = client.chat.completions.create(
+        model=server.model, messages=messages, temperature=0, max_tokens=12,
+        extra_body={"return_token_ids": True, **extra})
+    choice = response.choices[0]
+    return list(getattr(choice, "token_ids", None) or choice.model_extra["token_ids"]), choice.message.content
+
+
+@pytest.mark.parametrize("strategy", ["preserve", "swap", "discard"])
+def test_follow_up_reuses_the_kept_turn_and_gets_the_same_tokens(server, client, strategy):
+    conversation = f"chat-{strategy}"
+    before = scheduler(server)
+    messages, _ = tool_turn(client, server, conversation, strategy=strategy, tool_s=2.0)
+    if strategy == "preserve":
+        kept = wait_for(server, lambda s: s["retained_preserve"] == before["retained_preserve"] + 1, "a preserve")
+        assert kept["retained_device_blocks"] > 0
+        assert kept["device_free_blocks"] < kept["device_total_blocks"]
+    elif strategy == "swap":
+        kept = wait_for(server, lambda s: s["retained_swap"] == 1 and s["retained_host_tokens"] > 0, "the copy")
+        assert kept["retained_device_blocks"] == 0
+        assert server.state()["host_bytes"] > 0
+    else:
+        kept = scheduler(server)
+        assert kept["retained_preserve"] == kept["retained_swap"] == 0
+
+    reused, text = follow_up(client, server, messages, marsched(conversation=conversation, retain=False))
+    after = scheduler(server)
+    fresh, fresh_text = follow_up(client, server, messages, {"cache_salt": f"fresh-{strategy}"})
+    assert reused == fresh and text == fresh_text  # the kept KV is the context's KV
+    if strategy == "discard":
+        assert after["retention_misses"] == before["retention_misses"] + 1
+        assert after["retention_hits"] == before["retention_hits"]
+    else:
+        assert after["retention_hits"] == before["retention_hits"] + 1
+        # The whole first turn's prompt (several blocks) was not recomputed.
+        assert after["retention_reused_tokens"] - before["retention_reused_tokens"] >= 64
+    settled = wait_for(server, lambda s: s["retained_preserve"] == s["retained_swap"] == 0
+                       and s["device_free_blocks"] == s["device_total_blocks"], "the release")
+    assert settled["retained_device_blocks"] == 0 and server.state()["host_bytes"] == 0
+
+
+def test_the_policy_preserves_a_short_tool_and_moves_a_long_one_off_the_device(server, client):
+    before = scheduler(server)
+    tool_turn(client, server, "chat-short", tool_s=0.0)  # nothing is wasted keeping it for no time
+    state = wait_for(server, lambda s: s["retained_preserve"] == before["retained_preserve"] + 1, "a preserve")
+    tool_turn(client, server, "chat-long", tool_s=3600.0)
+    state = wait_for(server, lambda s: s["retained_swap"] == before["retained_swap"] + 1, "a swap")
+    for conversation in ("chat-short", "chat-long"):
+        response = server.client.delete(f"{server.url}/marsched/conversations/{conversation}")
+        assert response.status_code == 202, response.text
+    state = wait_for(server, lambda s: s["retained_preserve"] == s["retained_swap"] == 0, "the releases")
+    if state["retention_released"] != before["retention_released"] + 2:
+        pytest.fail(json.dumps({k: v for k, v in state.items() if k.startswith("ret")}))
+    assert state["device_free_blocks"] == state["device_total_blocks"]
+
+
+def test_a_follow_up_that_never_comes_is_freed_at_the_time_limit(server, client):
+    before = scheduler(server)
+    tool_turn(client, server, "chat-abandoned", strategy="preserve", tool_s=1.0)
+    kept_t = time.monotonic()
+    kept = wait_for(server, lambda s: s["retained_preserve"] == 1, "a preserve")
+    assert kept["device_free_blocks"] < kept["device_total_blocks"]
+    # No request arrives: the idle engine must wake by itself at the limit.
+    freed = wait_for(server, lambda s: s["retained_preserve"] == 0, "the expiry", timeout_s=LIMIT_S + 10)
+    assert time.monotonic() - kept_t >= LIMIT_S - 0.5
+    assert freed["retention_expired"] == before["retention_expired"] + 1
+    assert freed["device_free_blocks"] == freed["device_total_blocks"]
+
+
+def test_bad_conversation_fields_are_named_in_the_400(server, client):
+    for fields, named in (({"conversation": ""}, "marsched.conversation"),
+                          ({"conversation": "x" * 257}, "marsched.conversation"),
+                          ({"conversation": "c", "tool_s": -1}, "marsched.tool_s"),
+                          ({"conversation": "c", "retain": "no"}, "marsched.retain")):
+        with pytest.raises(openai.BadRequestError) as raised:
+            client.chat.completions.create(model=server.model, messages=[{"role": "user", "content": "hi"}],
+                                           max_tokens=2, extra_body=marsched(**fields))
+        assert named in str(raised.value)
+    bad = server.client.delete(f"{server.url}/marsched/conversations/" + "x" * 300)
+    assert bad.status_code == 400
+    assert server.client.get(f"{server.url}/marsched/conversations/c").status_code == 405
