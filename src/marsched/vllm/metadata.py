@@ -52,7 +52,7 @@ MAX_TOKENS = 10_000_000
 MAX_API_S = 1_000_000.0
 MAX_RID_CHARS = 1024
 MAX_JSON_CHARS = 100_000
-FIELDS = ("segment", "plan", "strategy", "rid", "predicted")
+FIELDS = ("segment", "plan", "strategy", "rid", "predicted", "conversation", "tool_s", "retain")
 PLAN_ITEM = ("output_tokens", "api_type", "api_s", "return_tokens")
 
 
