@@ -26,7 +26,8 @@ httpx = pytest.importorskip("httpx")
 
 from test_serve import Server  # noqa: E402
 
-from marsched.serve.server_tools import ServerToolsMiddleware  # noqa: E402
+from marsched.serve.launch import TOOLS_MIDDLEWARE, ServeOptions, vllm_command, vllm_environment  # noqa: E402
+from marsched.serve.server_tools import DurationEstimate, ServerToolsMiddleware  # noqa: E402
 from marsched.serve.tool_config import ToolsConfigError, load_tools_config  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -184,6 +185,7 @@ def test_a_server_side_tool_runs_and_the_answer_is_one_completion(setup):
     arguments = json.dumps(ran[0]["args"], separators=(",", ":"))
     reference = by_hand(client, server.model, "weather", arguments, "sunny in paris")
     assert tokens(answer) == tokens(reference) and message.content == reference.choices[0].message.content
+    assert tokens(by_hand(client, server.model, "weather", arguments, "rainy in oslo")) != tokens(answer)  # it tells
     # Usage: both rounds.
     first = by_hand(client, server.model, "weather", "", "", first=True)
     assert first.choices[0].message.tool_calls[0].function.arguments == arguments
@@ -324,6 +326,24 @@ def test_stream_and_n_are_refused_before_vllm(builtin_only):
         status, answer = drive(middleware, json.dumps(body).encode())
         assert status == 400 and json.loads(answer)["error"]["param"] == field
     assert recorder.bodies == []
+
+
+def test_the_duration_estimate_starts_from_the_prior_then_is_the_mean():
+    estimate = DurationEstimate(2.0)
+    assert estimate.seconds == 2.0
+    estimate.observe(1.0)
+    estimate.observe(3.0)
+    assert estimate.seconds == 2.0 and estimate.runs == 2
+    estimate.observe(8.0)
+    assert estimate.seconds == 4.0
+
+
+def test_tools_add_the_middleware_and_the_path(tmp_path):
+    assert TOOLS_MIDDLEWARE not in vllm_command(ServeOptions("m"))
+    options = ServeOptions("m", tools="tools.json")
+    command = vllm_command(options)
+    assert command[command.index(TOOLS_MIDDLEWARE) - 1] == "--middleware"
+    assert vllm_environment(options, {})["MARSCHED_TOOLS"] == str(Path("tools.json").absolute())
 
 
 # --- the tools file --------------------------------------------------------------------------

@@ -130,11 +130,12 @@ class ServerToolsMiddleware:
             return None
         if not isinstance(body, dict) or not isinstance(body.get("tools"), list):
             return None
-        offered = [name for name in map(_function_name, body["tools"]) if name in self.config.tools]
+        names = [_function_name(t) for t in body["tools"]]
+        offered = [name for name in names if name in self.config.tools]
         if not offered:
             return None
-        body["tools"] = [self.config.tools[_function_name(t)].openai() if _function_name(t) in offered else t
-                         for t in body["tools"]]
+        # The server runs these tools, so its description of them is the one the model reads.
+        body["tools"] = [self.config.tools[n].openai() if n in offered else t for n, t in zip(names, body["tools"])]
         meta = _client_meta(body)
         own = meta.get("conversation") if meta is not None else None
         if meta is None:
@@ -243,19 +244,23 @@ class ServerToolsMiddleware:
 
     async def _run_tool(self, call: dict[str, Any]) -> str:
         name = _function_name(call)
+        arguments = call.get("function", {}).get("arguments")
+        try:
+            args = json.loads(arguments) if isinstance(arguments, str) else arguments
+        except ValueError as error:
+            return f"error: the arguments of {name!r} are not valid JSON ({error})"
+        if not isinstance(args, dict):
+            return f"error: the arguments of {name!r} must be a JSON object, got {arguments!r}"
         started = time.monotonic()
         try:
-            arguments = call.get("function", {}).get("arguments")
-            args = json.loads(arguments) if isinstance(arguments, str) else arguments
-            if not isinstance(args, dict):
-                return f"error: the arguments of {name!r} must be a JSON object, got {arguments!r}"
             result = await self.config.registry.call(name, args)
-        except ValueError as error:  # the arguments are not JSON
-            return f"error: the arguments of {name!r} are not valid JSON ({error})"
         except ToolError as error:
-            return f"error: {error}"
-        finally:
-            self.estimates[name].observe(time.monotonic() - started)
+            result = error
+        # A failure or a timeout took its time too (the follow-up came that late); a cancelled
+        # call (the client left) tells nothing and is not counted.
+        self.estimates[name].observe(time.monotonic() - started)
+        if isinstance(result, ToolError):
+            return f"error: {result}"
         if not isinstance(result, str):
             return f"error: tool {name!r} returned {type(result).__name__}, not a string"
         return result
