@@ -26,6 +26,8 @@ httpx = pytest.importorskip("httpx")
 
 from test_serve import Server  # noqa: E402
 
+from marsched.metrics.trace import read_trace  # noqa: E402
+
 from marsched.serve.launch import TOOLS_MIDDLEWARE, ServeOptions, vllm_command, vllm_environment  # noqa: E402
 from marsched.serve.server_tools import DurationEstimate, ServerToolsMiddleware  # noqa: E402
 from marsched.serve.tool_config import ToolsConfigError, load_tools_config  # noqa: E402
@@ -246,6 +248,21 @@ def test_requests_without_server_tools_pass_through(setup):
     assert bad.status_code == 400
 
 
+def test_the_clients_marsched_object_is_kept_and_its_conversation_continues(setup):
+    server, client, record = setup
+    released = releases(server)
+    twin = {"type": "function", "function": {"name": "client_side", "parameters": CITY}}
+    mixed = client.chat.completions.create(
+        model=server.model, messages=[{"role": "user", "content": "hi"}], tools=[named("weather"), twin],
+        tool_choice=named("client_side"), max_tokens=MAX_TOKENS, temperature=0,
+        extra_body={"vllm_xargs": {"marsched": json.dumps({"rid": "client-rid", "conversation": "client-conv"})}})
+    assert mixed.choices[0].message.tool_calls[0].function.name == "client_side"
+    assert any(e.get("rid") == "client-rid" for e in read_trace(server.trace))
+    assert '"conversation":"client-conv"' in server.log.read_text()
+    time.sleep(1.0)
+    assert releases(server) == released  # client-side calls on the client's conversation: it goes on
+
+
 def test_a_client_that_leaves_while_a_tool_runs_cancels_it_and_releases(setup):
     server, client, record = setup
     released = releases(server)
@@ -282,7 +299,7 @@ class Recorder:
         await send({"type": "http.response.body", "body": b"ok"})
 
 
-def drive(app, body: bytes) -> tuple[int, bytes]:
+def drive(handler, body: bytes, **scope_fields) -> tuple[int, bytes]:
     sent: list[dict] = []
     parts = [body[:5], body[5:]]  # in two chunks, as a client may send it
 
@@ -295,8 +312,8 @@ def drive(app, body: bytes) -> tuple[int, bytes]:
     async def send(message):
         sent.append(message)
 
-    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": []}
-    asyncio.run(app(scope, receive, send))
+    scope = {"type": "http", "method": "POST", "path": "/v1/chat/completions", "headers": [], **scope_fields}
+    asyncio.run(handler(scope, receive, send))
     return sent[0]["status"], b"".join(m.get("body", b"") for m in sent[1:])
 
 
@@ -316,6 +333,80 @@ def test_passthrough_is_byte_for_byte(builtin_only):
     for body in bodies:
         assert drive(middleware, body) == (200, b"ok")
     assert recorder.bodies == bodies
+
+
+class AlwaysCalls:
+    """A downstream app whose model always calls the calculator."""
+
+    def __init__(self) -> None:
+        self.bodies: list[dict] = []
+
+    async def __call__(self, scope, receive, send) -> None:
+        self.bodies.append(json.loads((await receive())["body"]))
+        call = {"id": f"c{len(self.bodies)}", "type": "function",
+                "function": {"name": "calculator", "arguments": '{"expression": "1+2"}'}}
+        answer = {"id": "x", "object": "chat.completion", "choices": [
+            {"index": 0, "message": {"role": "assistant", "content": None, "tool_calls": [call]},
+             "finish_reason": "tool_calls"}],
+            "usage": {"prompt_tokens": 10, "completion_tokens": 5, "total_tokens": 15}}
+        data = json.dumps(answer).encode()
+        await send({"type": "http.response.start", "status": 200, "headers": [(b"content-length", b"1")]})
+        await send({"type": "http.response.body", "body": data})
+
+
+class Engine:
+    def __init__(self) -> None:
+        self.aborted: list[tuple] = []
+
+    async def abort(self, request_id, internal=False):
+        self.aborted.append((request_id, internal))
+
+
+def test_the_loop_stops_at_max_rounds_and_sums_usage(tmp_path):
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps({"tools": [{"name": "calculator", "builtin": "calculator", "expected_s": 3}],
+                                "max_rounds": 2}))
+    downstream, engine = AlwaysCalls(), Engine()
+    middleware = ServerToolsMiddleware(downstream, load_tools_config(path))
+    body = {"model": "m", "messages": [{"role": "user", "content": "add"}], "tools": [named("calculator")],
+            "tool_choice": "required", "vllm_xargs": {"marsched": json.dumps({"rid": "mine", "tool_s": 9})}}
+    app = type("App", (), {"state": type("State", (), {"engine_client": engine})()})()
+    status, data = drive(middleware, json.dumps(body).encode(), app=app)
+    answer = json.loads(data)
+    assert status == 200 and answer["choices"][0]["message"]["tool_calls"][0]["id"] == "c2"  # handed back
+    assert answer["usage"] == {"prompt_tokens": 20, "completion_tokens": 10, "total_tokens": 30}
+    first, second = downstream.bodies
+    assert first["tools"][0]["function"]["parameters"]["required"] == ["expression"]  # filled in
+    assert [first["tool_choice"], second["tool_choice"]] == ["required", "auto"]
+    assert second["messages"][1:] == [
+        {"role": "assistant", "content": None, "tool_calls": [
+            {"id": "c1", "type": "function", "function": {"name": "calculator", "arguments": '{"expression": "1+2"}'}}]},
+        {"role": "tool", "tool_call_id": "c1", "content": "3"}]
+    metas = [json.loads(b["vllm_xargs"]["marsched"]) for b in downstream.bodies]
+    conversation = metas[0]["conversation"]
+    assert conversation.startswith("srv-") and all(m == {"conversation": conversation, "tool_s": 9, "rid": "mine"}
+                                                   for m in metas)  # the client's keys win
+    assert engine.aborted == [("marsched-release:" + conversation, True)]
+    # Without a client tool_s, the estimate: the prior, then the mean of the calls.
+    body["vllm_xargs"] = {"marsched": json.dumps({"conversation": "client-1"})}
+    downstream.bodies.clear()
+    drive(middleware, json.dumps(body).encode(), app=app)
+    metas = [json.loads(b["vllm_xargs"]["marsched"]) for b in downstream.bodies]
+    assert metas[0]["conversation"] == metas[1]["conversation"] == "client-1"
+    assert metas[0]["tool_s"] < 1 and engine.aborted[-1] == ("marsched-release:client-1", True)
+
+
+def test_a_failed_release_is_logged_not_raised(builtin_only, caplog):
+    class Broken:
+        async def abort(self, request_id, internal=False):
+            raise RuntimeError("engine gone")
+
+    downstream = AlwaysCalls()
+    middleware = ServerToolsMiddleware(downstream, builtin_only)
+    body = {"model": "m", "messages": [], "tools": [named("calculator")]}
+    app = type("App", (), {"state": type("State", (), {"engine_client": Broken()})()})()
+    status, _ = drive(middleware, json.dumps(body).encode(), app=app)
+    assert status == 200 and "could not release conversation srv-" in caplog.text and "engine gone" in caplog.text
 
 
 def test_stream_and_n_are_refused_before_vllm(builtin_only):
