@@ -264,6 +264,8 @@ def describe(options: ServeOptions, env: dict[str, str]) -> str:
     parts.append(f"CPU KV cache {env.get('VLLM_CPU_KVCACHE_SPACE')} GiB (if on CPU)")
     if m.trace_path:
         parts.append(f"trace {m.trace_path}")
+    if options.tools:
+        parts.append(f"server-side tools {options.tools}")
     return ", ".join(parts)
 
 
