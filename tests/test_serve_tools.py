@@ -396,6 +396,18 @@ def test_the_loop_stops_at_max_rounds_and_sums_usage(tmp_path):
     assert metas[0]["tool_s"] < 1 and engine.aborted[-1] == ("marsched-release:client-1", True)
 
 
+def test_a_registered_tool_the_request_does_not_offer_is_not_run(tmp_path):
+    path = tmp_path / "tools.json"
+    path.write_text(json.dumps({"tools": [{"name": "calculator", "builtin": "calculator"},
+                                          {"name": "nap", "builtin": "sleep"}]}))
+    downstream = AlwaysCalls()
+    middleware = ServerToolsMiddleware(downstream, load_tools_config(path))
+    body = {"model": "m", "messages": [], "tools": [named("nap")]}
+    status, data = drive(middleware, json.dumps(body).encode())
+    assert status == 200 and len(downstream.bodies) == 1  # the calculator call went back to the client
+    assert json.loads(data)["choices"][0]["message"]["tool_calls"][0]["function"]["name"] == "calculator"
+
+
 def test_a_failed_release_is_logged_not_raised(builtin_only, caplog):
     class Broken:
         async def abort(self, request_id, internal=False):

@@ -6,10 +6,10 @@ marsched.serve.server_tools.ServerToolsMiddleware`; the tools file's path comes 
 names a registered tool (the client may send only the name; the registry's description
 and parameters replace the entry) is run as a loop of internal requests to vLLM's app:
 
-- a response whose message calls only server-side tools: the tools run (concurrently,
-  each under its timeout; a failure, a timeout or a non-str result is the tool message
-  `"error: ..."`, so the model sees it and the request goes on), the assistant message
-  and the tool messages are appended, and vLLM is asked again;
+- a response whose message calls only server-side tools the request offers: the tools
+  run (concurrently, each under its timeout; a failure, a timeout or a non-str result
+  is the tool message `"error: ..."`, so the model sees it and the request goes on),
+  the assistant message and the tool messages are appended, and vLLM is asked again;
 - anything else (no tool calls, a client-side tool among them, `max_rounds` reached, an
   error from vLLM) goes back to the client: one completion, `usage` summed over rounds.
 
@@ -185,7 +185,8 @@ class ServerToolsMiddleware:
                     return
                 _add(loop.usage, response.get("usage"))
                 message, calls = _tool_calls(response)
-                server_only = bool(calls) and all(_function_name(c) in self.config.tools for c in calls)
+                # Only the tools this request offers run: a call of another registered one goes back too.
+                server_only = bool(calls) and all(_function_name(c) in loop.offered for c in calls)
                 if not server_only or index == self.config.max_rounds - 1:
                     keep = bool(calls) and not server_only and loop.client_conversation
                     if loop.usage:
