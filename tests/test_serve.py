@@ -38,19 +38,18 @@ START_TIMEOUT_S = 300
 
 
 class Server:
-    def __init__(self, model: str, folder: Path, serve_args: tuple[str, ...] = (), vllm_args: tuple[str, ...] = (),
-                 chat_template: str = CHAT_TEMPLATE) -> None:
+    def __init__(self, model: str, folder: Path, template: str = CHAT_TEMPLATE, serve_args: tuple[str, ...] = (),
+                 vllm_args: tuple[str, ...] = ()) -> None:
         self.model = model
         self.port = free_port("127.0.0.1")
         self.url = f"http://127.0.0.1:{self.port}"
         self.trace = folder / "trace.jsonl"
         self.log = folder / "serve.log"
-        template = folder / "chat.jinja"
-        template.write_text(chat_template)
+        (folder / "chat.jinja").write_text(template)
         command = [sys.executable, "-m", "marsched.cli", "serve", model, "--port", str(self.port),
                    "--cpu-kv-cache-gib", "1", "--trace-out", str(self.trace), *serve_args,
                    "--", "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
-                   "--chat-template", str(template), *vllm_args]
+                   "--chat-template", str(folder / "chat.jinja"), *vllm_args]
         self._log_file = open(self.log, "w")
         self.process = subprocess.Popen(command, stdout=self._log_file, stderr=subprocess.STDOUT,
                                         start_new_session=True)

@@ -42,7 +42,7 @@ QUESTION = " ".join(["search the web for the weather in paris today and call the
 def server(tiny_model, tmp_path_factory):
     running = Server(tiny_model, tmp_path_factory.mktemp("conversations"),
                      serve_args=("--retention-limit-s", str(LIMIT_S)), vllm_args=TOOL_ARGS,
-                     chat_template=TOOL_TEMPLATE)
+                     template=TOOL_TEMPLATE)
     try:
         running.wait_ready()
         yield running

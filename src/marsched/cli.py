@@ -447,6 +447,9 @@ def serve(
              "(VLLM_CPU_OMP_THREADS_BIND; default: that variable, or vLLM's 'auto').")] = None,
     cpu_reserved_cores: Annotated[int | None, typer.Option(
         help="CPU only: cores kept free of the worker's threads (VLLM_CPU_NUM_OF_RESERVED_CPU).")] = None,
+    tools: Annotated[Path | None, typer.Option(
+        help="Server-side tools (a JSON file, docs/tools.md): chat requests naming them get the tool loop "
+             "run by the server.")] = None,
 ) -> None:
     """Serve MODEL with vLLM's OpenAI-compatible API, scheduled by MARS (needs vLLM).
 
@@ -494,7 +497,8 @@ def serve(
                           profile=profile, retention=retention, retention_limit_s=retention_limit_s)
         options = ServeOptions(model, mars, host=host, port=port, swap=swap, state_endpoint=state_endpoint,
                                cpu_kv_cache_gib=cpu_kv_cache_gib, cpu_threads_bind=cpu_bind,
-                               cpu_reserved_cores=cpu_reserved_cores, vllm_args=tuple(ctx.args))
+                               cpu_reserved_cores=cpu_reserved_cores, vllm_args=tuple(ctx.args),
+                               tools=str(tools.absolute()) if tools else None)
         options.check()
     except ValueError as error:
         _fail(str(error))

@@ -43,6 +43,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from marsched.serve.tool_config import ENV as TOOLS_ENV, load_tools_config
 from marsched.vllm.config import MarsConfig
 
 ENTRY = "vllm.entrypoints.launchers.api_server.entry"
@@ -50,6 +51,7 @@ SCHEDULER_CLS = "marsched.vllm.MarsScheduler"
 WORKER_EXTENSION_CLS = "marsched.vllm.inspect.MarsWorkerExtension"
 VALIDATOR = "marsched.vllm.validate:MarsRequestValidator"
 STATE_MIDDLEWARE = "marsched.serve.state.MarsStateMiddleware"
+TOOLS_MIDDLEWARE = "marsched.serve.server_tools.ServerToolsMiddleware"
 SWAP_CONNECTOR = {"kv_connector": "HostSwapConnector", "kv_role": "kv_both",
                   "kv_connector_module_path": "marsched.vllm.kv_swap"}
 
@@ -78,6 +80,7 @@ class ServeOptions:
     cpu_threads_bind: str | None = None  # None: $VLLM_CPU_OMP_THREADS_BIND, else vLLM's "auto"
     cpu_reserved_cores: int | None = None  # None: $VLLM_CPU_NUM_OF_RESERVED_CPU, else vLLM's
     vllm_args: tuple[str, ...] = ()  # passed on to vLLM's server, after marsched's
+    tools: str | None = None  # the server-side tools file (marsched.serve.tool_config); None: none
 
     def check(self) -> None:
         """Raise ValueError naming the option if something cannot work; changes nothing."""
@@ -94,6 +97,8 @@ class ServeOptions:
             if name == "--kv-transfer-config" and self.swap:
                 raise ValueError("--kv-transfer-config is set by marsched serve (the Swap connector); "
                                  "add --no-swap to use your own")
+        if self.tools is not None:  # before vLLM starts, so that a mistake in the file shows at once
+            load_tools_config(self.tools)  # ToolsConfigError is a ValueError
 
 
 def default_cpu_kv_cache_gib() -> int:
@@ -125,6 +130,8 @@ def vllm_environment(options: ServeOptions, environ: dict[str, str] | None = Non
         env["VLLM_CPU_OMP_THREADS_BIND"] = options.cpu_threads_bind
     if options.cpu_reserved_cores is not None:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(options.cpu_reserved_cores)
+    if options.tools is not None:
+        env[TOOLS_ENV] = os.path.abspath(options.tools)
     return env
 
 
@@ -146,6 +153,8 @@ def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[st
         command += ["--logits-processors", *processors]
     if options.state_endpoint:
         command += ["--middleware", STATE_MIDDLEWARE]
+    if options.tools is not None:
+        command += ["--middleware", TOOLS_MIDDLEWARE]
     return command + passthrough
 
 
@@ -256,6 +265,8 @@ def describe(options: ServeOptions, env: dict[str, str]) -> str:
     parts.append(f"CPU KV cache {env.get('VLLM_CPU_KVCACHE_SPACE')} GiB (if on CPU)")
     if m.trace_path:
         parts.append(f"trace {m.trace_path}")
+    if options.tools:
+        parts.append(f"server-side tools {options.tools}")
     return ", ".join(parts)
 
 
