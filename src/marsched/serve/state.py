@@ -2,7 +2,7 @@
 
 Loaded into vLLM's API server with `--middleware marsched.serve.state.MarsStateMiddleware`
 (an ASGI middleware; vLLM's app keeps its engine client in `app.state.engine_client`).
-It asks the workers' `MarsWorkerExtension.mars_state` (`collective_rpc`) and answers
+It asks (through `ask_workers`, which `metrics.py` shares) the workers' `MarsWorkerExtension.mars_state` (`collective_rpc`) and answers
 with its JSON: `host_bytes` (KV the Swap connector holds in host memory), and under
 `scheduler`: `device_total_blocks`, `device_free_blocks`, `device_usage`,
 `host_tokens`, `running`, `waiting`, `paused`, `tracked`, `policy`, `iteration`.
@@ -38,17 +38,32 @@ class MarsStateMiddleware:
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         request_id = (query.get("request_id") or [None])[0]
-        app = scope.get("app")
-        engine = getattr(getattr(app, "state", None), "engine_client", None)
-        if engine is None:
-            await _answer(send, 503, {"error": "the engine is not ready"})
-            return
         try:
-            results = await asyncio.wait_for(engine.collective_rpc("mars_state", args=(request_id,)), TIMEOUT_S)
-        except Exception as error:  # noqa: BLE001 - a dead or busy engine is an answer, not a crash
-            await _answer(send, 503, {"error": f"engine did not answer: {type(error).__name__}: {error}"})
+            results = await ask_workers(scope, request_id)
+        except EngineUnavailable as error:
+            await _answer(send, 503, {"error": str(error)})
             return
         await _answer(send, 200, results[0] if len(results) == 1 else {"workers": results})
+
+
+class EngineUnavailable(Exception):
+    """The engine is not ready, or did not answer within TIMEOUT_S."""
+
+
+async def ask_workers(scope: dict[str, Any], request_id: str | None = None,
+                      timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
+    """Every worker's `mars_state` (one per tensor-parallel rank), for any middleware of vLLM's app.
+
+    vLLM's app keeps its engine client in `app.state.engine_client`; Starlette puts the app
+    in `scope["app"]`. Raises EngineUnavailable with the reason.
+    """
+    engine = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
+    if engine is None:
+        raise EngineUnavailable("the engine is not ready")
+    try:
+        return list(await asyncio.wait_for(engine.collective_rpc("mars_state", args=(request_id,)), timeout_s))
+    except Exception as error:  # noqa: BLE001 - a dead or busy engine is an answer, not a crash
+        raise EngineUnavailable(f"engine did not answer: {type(error).__name__}: {error}") from error
 
 
 async def _answer(send: Any, status: int, body: dict[str, Any], headers: dict[str, str] | None = None) -> None:
