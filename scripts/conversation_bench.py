@@ -249,7 +249,7 @@ async def run_conversation(client: Any, model: str, conv: Conversation, load: Lo
 
 
 async def run_load(url: str, model: str, conversations: list[Conversation], load: Load) -> list[ConversationResult]:
-    from openai import AsyncOpenAI, BadRequestError
+    from openai import APIError, AsyncOpenAI
 
     async with AsyncOpenAI(base_url=f"{url}/v1", api_key="none", timeout=REQUEST_TIMEOUT_S, max_retries=0) as client:
         # Two unmeasured turns first: the first tool call pays for the grammar's compilation; the
@@ -261,7 +261,7 @@ async def run_load(url: str, model: str, conversations: list[Conversation], load
         try:
             await run_turn(client, model, hello, Turn("warmup", 1, 0.0), tool=False, load=load,
                            clock0=time.monotonic())
-        except BadRequestError as error:
+        except APIError as error:  # streamed: a refused field arrives as an error event, not a 400
             raise RuntimeError(f"the server refused a turn with the conversation keys ({error}); "
                                "for a marsched without conversation retention add --no-conversation-keys") from error
         clock0 = time.monotonic() + 0.5
