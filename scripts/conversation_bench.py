@@ -99,6 +99,7 @@ class Engine:
     max_model_len: int = 4096
     fixed_s: float | None = None  # --retention fixed:T; None: 2 x the median tool time
     extra: tuple[str, ...] = ()  # more vLLM options, for every configuration
+    marsched_extra: tuple[str, ...] = ()  # more `marsched serve` options (mars and fixed), e.g. --no-swap
 
 
 @dataclass(frozen=True, slots=True)
@@ -294,7 +295,7 @@ def server_command(config: str, engine: Engine, load: Load, port: int, template:
         marsched += ["--retention", f"fixed:{fixed_seconds(engine, load):g}"]
     else:
         raise ValueError(f"unknown configuration {config!r}; give {', '.join(CONFIGS)}")
-    return marsched + ["--", *vllm_options]
+    return marsched + [*engine.marsched_extra, "--", *vllm_options]
 
 
 def fixed_seconds(engine: Engine, load: Load) -> float:
@@ -523,6 +524,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="for a marsched without conversation retention: send no conversation/tool_s/retain keys "
                         "and start `mars` without --retention (`fixed` cannot run)")
     p.add_argument("--vllm-arg", action="append", default=[], help="one more vLLM option for every server (repeat)")
+    p.add_argument("--marsched-arg", action="append", default=[],
+                   help="one more `marsched serve` option for mars and fixed (repeat), e.g. --marsched-arg=--no-swap")
     args = p.parse_args(argv)
     if args.quick:  # only what the user did not set
         for name, quick in (("duration", 20.0), ("prompt_tokens", 768), ("tool_turns", 2), ("kv_blocks", 24),
@@ -554,7 +557,7 @@ def main(argv: list[str] | None = None) -> int:
                 tool_median_s=args.tool_median_s, tool_sigma=args.tool_sigma, result_tokens=args.result_tokens,
                 answer_tokens=args.answer_tokens, seed=args.seed, conversation_keys=not args.no_conversation_keys)
     engine = Engine(model=model, kv_blocks=args.kv_blocks, max_model_len=args.max_model_len, fixed_s=args.fixed_s,
-                    extra=tuple(args.vllm_arg))
+                    extra=tuple(args.vllm_arg), marsched_extra=tuple(args.marsched_arg))
     conversations = draw_load(load, vocabulary_words(model))
     print(f"{len(conversations)} conversations over {load.duration_s:g} s, {load.tool_turns} tool turns each, "
           f"~{load.prompt_tokens}-token prompts, {engine.kv_blocks} KV blocks", flush=True)

@@ -76,6 +76,10 @@ def test_the_configurations_differ_only_in_server_and_retention(cb, tmp_path):
     assert "--retention" not in cb.server_command("mars", engine, without, 1, tmp_path)
     with pytest.raises(ValueError, match="fixed"):
         cb.server_command("fixed", engine, without, 1, tmp_path)
+    no_swap = replace(engine, marsched_extra=("--no-swap",))
+    mars = cb.server_command("mars", no_swap, load, 1, tmp_path)
+    assert mars.index("--no-swap") < mars.index("--")  # a marsched option, not a vLLM one
+    assert "--no-swap" not in cb.server_command("vllm", no_swap, load, 1, tmp_path)
 
 
 def test_the_template_renders_tool_calls_and_results(cb):
