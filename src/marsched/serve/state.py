@@ -2,10 +2,15 @@
 
 Loaded into vLLM's API server with `--middleware marsched.serve.state.MarsStateMiddleware`
 (an ASGI middleware; vLLM's app keeps its engine client in `app.state.engine_client`).
-It asks the workers' `MarsWorkerExtension.mars_state` (`collective_rpc`) and answers
-with its JSON: `host_bytes` (KV the Swap connector holds in host memory), and under
-`scheduler`: `device_total_blocks`, `device_free_blocks`, `device_usage`,
-`host_tokens`, `running`, `waiting`, `paused`, `tracked`, `policy`, `iteration`.
+It asks the workers' `MarsWorkerExtension.mars_state` (`collective_rpc`, through
+`ask_workers`, which `metrics.py` shares) and answers with its JSON: `host_bytes` (KV
+the Swap connector holds in host memory), `swap_stats`, and under `scheduler`:
+`device_total_blocks`, `device_free_blocks`, `device_usage`, `host_tokens`, `running`,
+`waiting`, `paused` (and `paused_preserve|discard|swap`, by strategy), `tracked`,
+`policy`, `iteration`, `promotions`, `retention` (the rule), and the conversations kept
+between turns: `retained_preserve`, `retained_swap`, `retained_device_blocks`,
+`retained_host_tokens`, `retention_hits`, `retention_misses`, `retention_expired`,
+`retention_released`, `retention_reused_tokens`.
 `?request_id=ID` adds that request's predictions, strategies and status (`request`).
 
 `DELETE /marsched/conversations/ID` frees what the server keeps of conversation ID
@@ -46,17 +51,32 @@ class MarsStateMiddleware:
             return
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         request_id = (query.get("request_id") or [None])[0]
-        app = scope.get("app")
-        engine = getattr(getattr(app, "state", None), "engine_client", None)
-        if engine is None:
-            await _answer(send, 503, {"error": "the engine is not ready"})
-            return
         try:
-            results = await asyncio.wait_for(engine.collective_rpc("mars_state", args=(request_id,)), TIMEOUT_S)
-        except Exception as error:  # noqa: BLE001 - a dead or busy engine is an answer, not a crash
-            await _answer(send, 503, {"error": f"engine did not answer: {type(error).__name__}: {error}"})
+            results = await ask_workers(scope, request_id)
+        except EngineUnavailable as error:
+            await _answer(send, 503, {"error": str(error)})
             return
         await _answer(send, 200, results[0] if len(results) == 1 else {"workers": results})
+
+
+class EngineUnavailable(Exception):
+    """The engine is not ready, or did not answer within TIMEOUT_S."""
+
+
+async def ask_workers(scope: dict[str, Any], request_id: str | None = None,
+                      timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
+    """Every worker's `mars_state` (one per tensor-parallel rank), for any middleware of vLLM's app.
+
+    vLLM's app keeps its engine client in `app.state.engine_client`; Starlette puts the app
+    in `scope["app"]`. Raises EngineUnavailable with the reason.
+    """
+    engine = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
+    if engine is None:
+        raise EngineUnavailable("the engine is not ready")
+    try:
+        return list(await asyncio.wait_for(engine.collective_rpc("mars_state", args=(request_id,)), timeout_s))
+    except Exception as error:  # noqa: BLE001 - a dead or busy engine is an answer, not a crash
+        raise EngineUnavailable(f"engine did not answer: {type(error).__name__}: {error}") from error
 
 
 async def _release(scope: dict[str, Any], send: Any, conversation: str) -> None:

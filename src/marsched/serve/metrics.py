@@ -1,0 +1,178 @@
+"""`GET /metrics` with the MARS scheduler's state appended to vLLM's Prometheus metrics.
+
+Loaded into vLLM's API server with `--middleware marsched.serve.metrics.MarsMetricsMiddleware`
+(an ASGI middleware, like `state.py`). On `GET /metrics` it lets vLLM answer, keeps vLLM's
+text, asks the workers for `mars_state` (`state.ask_workers`, the same question
+`/marsched/state` asks) and appends the `marsched_*` families below, rendered by
+prometheus_client from a fresh registry so that names, types and escaping are its own.
+
+vLLM is asked for the plain text format (the scrape's `Accept` and `Accept-Encoding` are
+not passed on): the OpenMetrics format ends with `# EOF` and a gzipped body cannot be
+appended to. An answer that is not a plain-text 200 is passed on untouched.
+
+When the engine does not answer within METRICS_TIMEOUT_S, the scrape still gets vLLM's
+metrics, plus `marsched_state_up 0`, so a slow engine costs one scrape's marsched part,
+not the scrape.
+
+Keys the scheduler does not report (the retention counters before conversation KV
+retention, for instance) read 0: a series that exists from the first scrape is easier to
+graph and alert on than one that appears later.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from typing import Any
+
+from prometheus_client import CollectorRegistry, generate_latest
+from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
+
+from marsched.serve.state import EngineUnavailable, ask_workers
+
+PATHS = ("/metrics", "/metrics/")  # vLLM mounts its exporter at ^/metrics(.*)$
+METRICS_TIMEOUT_S = 3.0  # well under Prometheus's default 10 s scrape timeout
+NOT_PASSED_ON = {b"accept", b"accept-encoding"}
+
+# (metric name, scheduler key, help): one series each.
+GAUGES = (
+    ("marsched_waiting_requests", "waiting", "Requests in the MARS scheduler's waiting queue."),
+    ("marsched_running_requests", "running", "Requests in the running batch."),
+    ("marsched_device_free_blocks", "device_free_blocks", "Free KV blocks on the device."),
+    ("marsched_device_total_blocks", "device_total_blocks", "KV blocks on the device (the null block excluded)."),
+)
+COUNTERS = (
+    ("marsched_promotions_total", "promotions", "Requests promoted by starvation prevention."),
+    ("marsched_retention_hits_total", "retention_hits",
+     "Conversation turns that found their previous turn's KV retained."),
+    ("marsched_retention_misses_total", "retention_misses",
+     "Conversation turns whose previous turn's KV was not retained (discarded, expired or never kept)."),
+    ("marsched_retention_expired_total", "retention_expired",
+     "Retained conversations released because their time limit passed."),
+    ("marsched_retention_reused_tokens_total", "retention_reused_tokens",
+     "Prompt tokens served from retained conversation KV instead of recomputed."),
+)
+# (metric name, help, {strategy label: scheduler key}): one series per strategy.
+BY_STRATEGY = (
+    ("marsched_retained_conversations", "Conversations whose KV is retained between turns, by strategy.",
+     {"preserve": "retained_preserve", "swap": "retained_swap"}),
+    ("marsched_paused_requests", "Requests paused for a tool call, by the strategy of their KV.",
+     {"preserve": "paused_preserve", "swap": "paused_swap", "discard": "paused_discard"}),
+)
+
+
+@dataclass(frozen=True, slots=True)
+class MarsSnapshot:
+    """What one scrape learned from the engine: nothing (it did not answer) or its state."""
+
+    answered: bool
+    scheduler: dict[str, Any] = field(default_factory=dict)
+    host_bytes: int = 0
+
+    @classmethod
+    def from_workers(cls, workers: list[dict[str, Any]] | None) -> MarsSnapshot:
+        if not workers:
+            return cls(answered=False)
+        # Every tensor-parallel rank reports the same scheduler; each holds its own share
+        # of the host copies.
+        scheduler = next((w["scheduler"] for w in workers if isinstance(w.get("scheduler"), dict)), None)
+        if scheduler is None:
+            return cls(answered=False)
+        return cls(answered=True, scheduler=scheduler, host_bytes=sum(int(w.get("host_bytes") or 0) for w in workers))
+
+    def number(self, key: str) -> float:
+        value = self.scheduler.get(key)
+        return float(value) if isinstance(value, (int, float)) and not isinstance(value, bool) else 0.0
+
+
+class MarsCollector:
+    """A prometheus_client collector over one snapshot (a fresh one per scrape)."""
+
+    def __init__(self, snapshot: MarsSnapshot) -> None:
+        self.snapshot = snapshot
+
+    def collect(self) -> Iterator[Metric]:
+        snap = self.snapshot
+        yield GaugeMetricFamily("marsched_state_up", "1 if the MARS scheduler answered this scrape, else 0.",
+                                value=1.0 if snap.answered else 0.0)
+        if not snap.answered:
+            return
+        yield GaugeMetricFamily("marsched_host_kv_bytes", "Bytes of KV the Swap connector holds in host memory.",
+                                value=float(snap.host_bytes))
+        for name, key, help_text in GAUGES:
+            yield GaugeMetricFamily(name, help_text, value=snap.number(key))
+        for name, key, help_text in COUNTERS:
+            yield CounterMetricFamily(name, help_text, value=snap.number(key))
+        for name, help_text, keys in BY_STRATEGY:
+            family = GaugeMetricFamily(name, help_text, labels=["strategy"])
+            for strategy, key in keys.items():
+                family.add_metric([strategy], snap.number(key))
+            yield family
+
+
+def render(snapshot: MarsSnapshot) -> bytes:
+    registry = CollectorRegistry(auto_describe=False)
+    registry.register(MarsCollector(snapshot))
+    return generate_latest(registry)
+
+
+class MarsMetricsMiddleware:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or scope.get("path") not in PATHS or scope.get("method") != "GET":
+            await self.app(scope, receive, send)
+            return
+        answer = _CapturedAnswer()
+        plain = dict(scope, headers=[(k, v) for k, v in scope.get("headers", []) if k.lower() not in NOT_PASSED_ON])
+        await self.app(plain, receive, answer.send)
+        if not answer.appendable():
+            await answer.replay(send)
+            return
+        try:
+            workers = await ask_workers(scope, timeout_s=METRICS_TIMEOUT_S)
+        except EngineUnavailable:
+            workers = None
+        await answer.replay(send, render(MarsSnapshot.from_workers(workers)))
+
+
+class _CapturedAnswer:
+    """The downstream app's response, held back so that it can be extended."""
+
+    def __init__(self) -> None:
+        self.start: dict[str, Any] | None = None
+        self.body = bytearray()
+        self.others: list[dict[str, Any]] = []  # e.g. trailers: passed on after the body
+
+    async def send(self, message: dict[str, Any]) -> None:
+        if message["type"] == "http.response.start":
+            self.start = message
+        elif message["type"] == "http.response.body":
+            self.body += message.get("body", b"")
+        else:
+            self.others.append(message)
+
+    def header(self, name: bytes) -> bytes | None:
+        for key, value in (self.start or {}).get("headers", []):
+            if key.lower() == name:
+                return value
+        return None
+
+    def appendable(self) -> bool:
+        return (self.start is not None and self.start.get("status") == 200
+                and self.header(b"content-encoding") is None
+                and (self.header(b"content-type") or b"").startswith(b"text/plain"))
+
+    async def replay(self, send: Any, extra: bytes = b"") -> None:
+        if self.start is None:  # the app sent nothing; nothing to pass on
+            return
+        body = bytes(self.body)
+        if extra:
+            body = body + (b"" if not body or body.endswith(b"\n") else b"\n") + extra
+        headers = [(k, v) for k, v in self.start.get("headers", []) if k.lower() != b"content-length"]
+        headers.append((b"content-length", str(len(body)).encode()))
+        await send({**self.start, "headers": headers})
+        await send({"type": "http.response.body", "body": body})
+        for message in self.others:
+            await send(message)

@@ -1,0 +1,242 @@
+"""`GET /metrics` of `marsched serve`: vLLM's metrics with the MARS scheduler's appended.
+
+The middleware alone first (a fake vLLM app and engine: what is appended, what is passed
+on untouched, a silent engine), then a live server on the tiny model (the Server helper of
+test_serve.py): the text parses with prometheus_client's own parser, vLLM's families are
+still there, and the marsched gauges follow the scheduler while requests run.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import gzip
+import json
+import threading
+import time
+from types import SimpleNamespace
+
+import pytest
+from prometheus_client.parser import text_string_to_metric_families
+
+from marsched.serve.metrics import MarsMetricsMiddleware, MarsSnapshot, render
+
+VLLM_TEXT = b"# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n"
+
+
+def samples(text: str) -> dict[tuple[str, tuple], float]:
+    """{(sample name, sorted labels): value} over every family, parsed as Prometheus parses it."""
+    return {(s.name, tuple(sorted(s.labels.items()))): s.value
+            for family in text_string_to_metric_families(text) for s in family.samples}
+
+
+# --- the middleware alone -----------------------------------------------------------------------
+
+
+class FakeEngine:
+    def __init__(self, workers=None, error: Exception | None = None, delay_s: float = 0.0) -> None:
+        self.workers, self.error, self.delay_s = workers, error, delay_s
+
+    async def collective_rpc(self, method, args=()):
+        assert method == "mars_state"
+        await asyncio.sleep(self.delay_s)
+        if self.error:
+            raise self.error
+        return self.workers
+
+
+def fake_vllm(body: bytes = VLLM_TEXT, content_type: bytes = b"text/plain; version=0.0.4; charset=utf-8",
+              status: int = 200, gzipped: bool = False):
+    seen: list[dict] = []
+
+    async def app(scope, receive, send):
+        seen.append(scope)
+        data = gzip.compress(body) if gzipped else body
+        headers = [(b"content-type", content_type), (b"content-length", str(len(data)).encode())]
+        if gzipped:
+            headers.append((b"content-encoding", b"gzip"))
+        await send({"type": "http.response.start", "status": status, "headers": headers})
+        await send({"type": "http.response.body", "body": data})
+
+    return app, seen
+
+
+def scrape(app, engine, path="/metrics", method="GET", headers=()):
+    messages: list[dict] = []
+
+    async def send(message):
+        messages.append(message)
+
+    async def receive():
+        return {"type": "http.request", "body": b"", "more_body": False}
+
+    scope = {"type": "http", "path": path, "method": method, "headers": list(headers),
+             "app": SimpleNamespace(state=SimpleNamespace(engine_client=engine))}
+    asyncio.run(MarsMetricsMiddleware(app)(scope, receive, send))
+    start = messages[0]
+    body = b"".join(m.get("body", b"") for m in messages[1:])
+    return start, body
+
+
+def header(start, name: bytes) -> bytes | None:
+    return next((v for k, v in start["headers"] if k == name), None)
+
+
+STATE = {"host_bytes": 4096, "scheduler": {
+    "running": 2, "waiting": 3, "paused": 1, "device_free_blocks": 10, "device_total_blocks": 40,
+    "retained_preserve": 4, "retained_swap": 1, "paused_discard": 1, "promotions": 7,
+    "retention_hits": 5, "retention_misses": 2, "retention_expired": 1, "retention_reused_tokens": 1234}}
+
+
+def test_appends_marsched_families_after_vllms_and_fixes_the_length():
+    app, seen = fake_vllm()
+    start, body = scrape(app, FakeEngine([STATE]), headers=[(b"accept-encoding", b"gzip"),
+                                                            (b"accept", b"application/openmetrics-text")])
+    assert start["status"] == 200 and int(header(start, b"content-length")) == len(body)
+    assert body.startswith(VLLM_TEXT)
+    names = {h[0] for h in seen[0]["headers"]}
+    assert b"accept-encoding" not in names and b"accept" not in names  # vLLM answers plain text
+    values = samples(body.decode())
+    assert values[("vllm:num_requests_running", ())] == 0
+    assert values[("marsched_state_up", ())] == 1
+    assert values[("marsched_host_kv_bytes", ())] == 4096
+    assert values[("marsched_running_requests", ())] == 2 and values[("marsched_waiting_requests", ())] == 3
+    assert values[("marsched_device_free_blocks", ())] == 10
+    assert values[("marsched_retained_conversations", (("strategy", "preserve"),))] == 4
+    assert values[("marsched_retained_conversations", (("strategy", "swap"),))] == 1
+    assert values[("marsched_paused_requests", (("strategy", "discard"),))] == 1
+    assert values[("marsched_paused_requests", (("strategy", "swap"),))] == 0  # absent key: 0
+    assert values[("marsched_promotions_total", ())] == 7
+    assert values[("marsched_retention_reused_tokens_total", ())] == 1234
+    types = {f.name: f.type for f in text_string_to_metric_families(body.decode())}
+    assert types["marsched_retention_hits"] == "counter" and types["marsched_running_requests"] == "gauge"
+
+
+def test_a_scheduler_without_retention_keys_reads_zero():
+    text = render(MarsSnapshot.from_workers([{"host_bytes": 0, "scheduler": {"running": 1}}])).decode()
+    values = samples(text)
+    assert values[("marsched_running_requests", ())] == 1
+    assert values[("marsched_retention_misses_total", ())] == 0
+    assert values[("marsched_retained_conversations", (("strategy", "preserve"),))] == 0
+
+
+def test_tensor_parallel_workers_add_their_host_bytes():
+    snapshot = MarsSnapshot.from_workers([STATE, {"host_bytes": 100, "scheduler": STATE["scheduler"]}])
+    assert snapshot.host_bytes == 4196 and snapshot.scheduler["running"] == 2
+
+
+@pytest.mark.parametrize("engine", [None, FakeEngine(error=RuntimeError("EngineDeadError")),
+                                    FakeEngine([{"host_bytes": 0}])])
+def test_an_engine_that_does_not_answer_leaves_vllms_metrics_and_state_up_0(engine):
+    start, body = scrape(fake_vllm()[0], engine)
+    assert start["status"] == 200 and body.startswith(VLLM_TEXT)
+    values = samples(body.decode())
+    assert values[("marsched_state_up", ())] == 0
+    assert not any(name.startswith("marsched_") and name != "marsched_state_up" for name, _ in values)
+
+
+def test_a_slow_engine_costs_the_marsched_part_only(monkeypatch):
+    monkeypatch.setattr("marsched.serve.metrics.METRICS_TIMEOUT_S", 0.05)
+    started = time.monotonic()
+    _, body = scrape(fake_vllm()[0], FakeEngine([STATE], delay_s=5))
+    assert time.monotonic() - started < 2
+    assert samples(body.decode())[("marsched_state_up", ())] == 0
+
+
+@pytest.mark.parametrize("kind", ["gzip", "error", "json", "head", "other-path"])
+def test_other_answers_and_requests_pass_untouched(kind):
+    app, _ = fake_vllm(gzipped=kind == "gzip", status=500 if kind == "error" else 200,
+                       content_type=b"application/json" if kind == "json" else b"text/plain; version=0.0.4")
+    start, body = scrape(app, FakeEngine([STATE]), method="HEAD" if kind == "head" else "GET",
+                         path="/v1/models" if kind == "other-path" else "/metrics")
+    assert b"marsched_" not in (gzip.decompress(body) if kind == "gzip" else body)
+    assert int(header(start, b"content-length")) == len(body)
+
+
+# --- a live server ------------------------------------------------------------------------------
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    pytest.importorskip("vllm")
+    from test_serve import Server
+
+    running = Server(tiny_model, tmp_path_factory.mktemp("serve-metrics"))
+    try:
+        running.wait_ready()
+        yield running
+    finally:
+        running.stop()
+        running.kill_leftovers()
+
+
+def live_samples(server) -> dict[tuple[str, tuple], float]:
+    response = server.client.get(server.url + "/metrics", headers={"accept-encoding": "gzip"})
+    assert response.status_code == 200, response.text
+    return samples(response.text)
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_live_metrics_follow_the_scheduler(server):
+    from test_serve import completion, wait_idle
+
+    idle = live_samples(server)
+    assert any(name == "vllm:kv_cache_usage_perc" for name, _ in idle)  # vLLM's own families are kept
+    assert idle[("marsched_state_up", ())] == 1
+    assert idle[("marsched_running_requests", ())] == 0 and idle[("marsched_waiting_requests", ())] == 0
+    total = idle[("marsched_device_total_blocks", ())]
+    assert total > 0 and idle[("marsched_device_free_blocks", ())] == total
+    state = server.state()["scheduler"]
+    assert state["device_total_blocks"] == total  # the same question /marsched/state asks
+
+    # Long requests (ignore_eos) running while we scrape: the gauges must move.
+    responses: list = []
+
+    def run(index: int) -> None:
+        body = completion(server, max_tokens=400, ignore_eos=True,
+                          vllm_xargs={"marsched": json.dumps({"strategy": "swap", "rid": f"metrics-{index}"})})
+        responses.append(server.post("/v1/completions", body))
+
+    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+    for thread in threads:
+        thread.start()
+    busiest = idle
+    while any(t.is_alive() for t in threads):
+        current = live_samples(server)
+        if current[("marsched_running_requests", ())] > busiest[("marsched_running_requests", ())]:
+            busiest = current
+        time.sleep(0.05)
+    for thread in threads:
+        thread.join()
+    assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+    assert busiest[("marsched_running_requests", ())] >= 1, "never saw a running request"
+    assert busiest[("marsched_device_free_blocks", ())] < total
+    wait_idle(server)
+    after = live_samples(server)
+    assert after[("marsched_running_requests", ())] == 0 and after[("marsched_device_free_blocks", ())] == total
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_live_retained_conversation_is_counted(server):
+    """A conversation turn with a forced strategy is retained; the next turn is a hit."""
+    from test_serve import completion
+
+    def turn(**marsched) -> object:
+        body = completion(server, max_tokens=4, prompt="the quick brown fox jumps over the lazy dog " * 20,
+                          vllm_xargs={"marsched": json.dumps(marsched)})
+        return server.post("/v1/completions", body)
+
+    first = turn(conversation="metrics-conv", tool_s=5, strategy="preserve")
+    if first.status_code == 400 and "conversation" in first.text:
+        pytest.skip("this scheduler has no conversation KV retention yet (the validator refuses the key)")
+    assert first.status_code == 200, first.text
+    deadline = time.monotonic() + 10
+    while live_samples(server)[("marsched_retained_conversations", (("strategy", "preserve"),))] < 1:
+        assert time.monotonic() < deadline, "the retained conversation never showed"
+        time.sleep(0.1)
+    hits = live_samples(server)[("marsched_retention_hits_total", ())]
+    assert turn(conversation="metrics-conv", tool_s=0, retain=False).status_code == 200
+    after = live_samples(server)
+    assert after[("marsched_retention_hits_total", ())] == hits + 1
+    assert after[("marsched_retention_reused_tokens_total", ())] > 0
