@@ -133,6 +133,26 @@ def test_follow_up_reuses_the_kept_turn_and_gets_the_same_tokens(server, client,
     assert settled["retained_device_blocks"] == 0 and server.state()["host_bytes"] == 0
 
 
+def test_a_conversation_of_several_tool_turns_reuses_every_turn(server, client):
+    before = scheduler(server)
+    messages = [{"role": "user", "content": f"chat-multi {QUESTION}"}]
+    for turn in range(3):  # the policy chooses each turn's strategy (tool_s alternates short and long)
+        response = client.chat.completions.create(
+            model=server.model, messages=messages, tools=[WEATHER], temperature=0, max_tokens=40,
+            tool_choice={"type": "function", "function": {"name": "get_weather"}},
+            extra_body=marsched(conversation="chat-multi", tool_s=[0.0, 30.0, 0.0][turn]))
+        message = response.choices[0].message
+        assert message.tool_calls, response
+        messages.append(message.model_dump(exclude_none=True))
+        messages.append({"role": "tool", "tool_call_id": message.tool_calls[0].id, "content": f"result {turn}"})
+    tokens, _ = follow_up(client, server, messages, marsched(conversation="chat-multi", retain=False))
+    after = scheduler(server)
+    assert after["retention_hits"] - before["retention_hits"] == 3  # turns 2 and 3, and the answer
+    fresh, _ = follow_up(client, server, messages, {"cache_salt": "fresh-multi"})
+    assert tokens == fresh
+    wait_for(server, lambda s: s["retained_preserve"] == s["retained_swap"] == 0, "the last release")
+
+
 def test_the_policy_preserves_a_short_tool_and_moves_a_long_one_off_the_device(server, client):
     before = scheduler(server)
     tool_turn(client, server, "chat-short", tool_s=0.0)  # nothing is wasted keeping it for no time

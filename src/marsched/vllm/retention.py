@@ -26,6 +26,7 @@ Every private vLLM name used here is listed in docs/vllm-internals.md.
 
 from __future__ import annotations
 
+import math
 import threading
 from collections import OrderedDict
 from dataclasses import dataclass, field
@@ -90,7 +91,8 @@ class ConversationKeeper:
         self.landing: list[Kept] = []  # released while their copy was in flight
         self.last_end_t: OrderedDict[str, float] = OrderedDict()  # conversation -> its last turn's end
         self.stats = RetentionStats()
-        self._timers: list[threading.Timer] = []
+        self._timer: threading.Timer | None = None  # one timer, for the earliest time limit
+        self._timer_t = math.inf
 
     # --- a turn ends ------------------------------------------------------------------
 
@@ -205,6 +207,7 @@ class ConversationKeeper:
         return True
 
     def expire(self, now: float) -> None:
+        """End the retentions past their time limit."""
         for conversation, kept in list(self.kept.items()):
             if kept.expires_t <= now:
                 self.release(conversation, counted=False)
@@ -227,19 +230,28 @@ class ConversationKeeper:
     def due(self, now: float) -> bool:
         """Whether the engine must step to end a retention past its time (a copy to send keeps it
         stepping through the connector's `has_pending_push_work`)."""
-        return any(k.expires_t <= now for k in self.kept.values()) or bool(self.landing)
+        # The timer's time passing counts too: what it was set for may have ended otherwise, and
+        # the step that follows sets it for the next limit.
+        return (any(k.expires_t <= now for k in self.kept.values()) or bool(self.landing)
+                or now >= self._timer_t)
 
-    def wake_at(self, delay_s: float, wake: Any) -> None:
-        """Call `wake` after `delay_s` (an idle engine sleeps on its input queue)."""
-        self._timers = [t for t in self._timers if t.is_alive()]
-        timer = threading.Timer(delay_s, wake)
-        timer.daemon = True
-        timer.start()
-        self._timers.append(timer)
+    def arm(self, now: float, wake: Any) -> None:
+        """Have `wake` called at the earliest time limit of what is kept (an idle engine sleeps on
+        its input queue, and only a step ends a retention). One timer thread at a time."""
+        due_t = min((k.expires_t for k in self.kept.values()), default=math.inf)
+        if due_t == self._timer_t and (self._timer is None or self._timer.is_alive()):
+            return
+        self.close()
+        if due_t < math.inf:
+            self._timer = threading.Timer(max(due_t - now, 0.0), wake)
+            self._timer.daemon = True
+            self._timer.start()
+            self._timer_t = due_t
 
     def close(self) -> None:
-        for timer in self._timers:
-            timer.cancel()
+        if self._timer is not None:
+            self._timer.cancel()
+        self._timer, self._timer_t = None, math.inf
 
     # --- state ------------------------------------------------------------------------
 

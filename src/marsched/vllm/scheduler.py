@@ -484,8 +484,12 @@ class MarsSchedulerMixin:
         self._end_failed()
         self._iteration += 1
         now = time.monotonic()
-        self._keeper.expire(now)
-        self._make_room_for_head()
+        try:
+            self._keeper.expire(now)
+            self._arm_expiry(now)
+            self._make_room_for_head()
+        except Exception:  # noqa: BLE001 - kept conversations are an optimisation; the step goes on
+            logger.exception("marsched: ending kept conversations failed")
         if self._last_step_t is not None and self.running:
             self._tau = 0.8 * self._tau + 0.2 * min(now - self._last_step_t, 10.0)
         self._last_step_t = now
@@ -689,6 +693,7 @@ class MarsSchedulerMixin:
         self.waiting.remove_requests([request])
         self.kv_holding_waiting.remove_requests([request])
         self._tracked.pop(rid, None)
+        self._keeper.forget(rid)
         self._paused_preserved.pop(rid, None)
         self._swap_inflight.pop(rid, None)
         if self._swapper is not None:
@@ -754,10 +759,13 @@ class MarsSchedulerMixin:
         if strategy is Strategy.SWAP and not self._can_keep_on_host(request):
             strategy = self.mars_policy.strategy_for_gap(request.num_computed_tokens, gap_s,
                                                          replace(self._load(), host_free_tokens=0))
-        kept = self._keeper.keep(tracked.conversation, request.request_id, request.all_token_ids,
-                                 request.num_computed_tokens, blocks, strategy, now, hold_s)
-        if kept is not None and self._input_queue is not None:
-            self._keeper.wake_at(hold_s, lambda: wake_engine(self._input_queue))
+        if self._keeper.keep(tracked.conversation, request.request_id, request.all_token_ids,
+                             request.num_computed_tokens, blocks, strategy, now, hold_s) is not None:
+            self._arm_expiry(now)
+
+    def _arm_expiry(self, now: float) -> None:
+        if self._input_queue is not None:
+            self._keeper.arm(now, lambda: wake_engine(self._input_queue))
 
     def _can_keep_on_host(self, request: Request) -> bool:
         return self._swapper is not None and self._load().host_free_tokens >= request.num_computed_tokens
@@ -880,7 +888,6 @@ class MarsSchedulerMixin:
                     found["blocks"] = sum(len(i) for i in self.kv_cache_manager.get_block_ids(internal))
             state["request"] = found
         return state
-
 
     def _paused_by_strategy(self) -> dict[str, int]:
         counts = {f"paused_{s.value}": 0 for s in Strategy}
