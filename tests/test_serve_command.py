@@ -71,7 +71,10 @@ def test_serve_option_errors_name_their_flag():
     for args, expected in ((("--policy", "fifo"), "--policy fifo: unknown policy"),
                            (("--port", "70000"), "--port 70000: give 0 (a free port) to 65535"),
                            (("--seconds-per-token", "0"), "--seconds-per-token 0: give a finite number > 0"),
-                           (("--cpu-kv-cache-gib", "0"), "--cpu-kv-cache-gib 0: give a whole number of GiB >= 1")):
+                           (("--cpu-kv-cache-gib", "0"), "--cpu-kv-cache-gib 0: give a whole number of GiB >= 1"),
+                           (("--retention", "always"), "--retention always --retention-limit-s 60: retention 'always'"),
+                           (("--retention", "fixed:0"), "fixed:SECONDS needs a number of seconds > 0"),
+                           (("--retention-limit-s", "0"), "retention limit must be > 0 s")):
         run = subprocess.run([sys.executable, "-m", "marsched.cli", "serve", "MODEL", *args], capture_output=True,
                              text=True, timeout=120)
         assert run.returncode == 2 and expected in " ".join(run.stderr.split()), run.stderr

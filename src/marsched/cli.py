@@ -487,8 +487,13 @@ def serve(
         token_budget if token_budget is not None else cost.token_budget,
         swap_tokens_per_s if swap_tokens_per_s is not None else cost.swap_tokens_per_s,
     )
+    from marsched.policy.retention import parse_retention
     from marsched.serve import ServeOptions, serve as run_server
 
+    try:
+        parse_retention(retention, retention_limit_s)
+    except ValueError as error:
+        _fail(f"--retention {retention} --retention-limit-s {retention_limit_s:g}: {error}")
     try:
         mars = MarsConfig(policy=policy, starvation=starvation, starvation_threshold=starvation_threshold,
                           admission=admission, refresh_interval=refresh_interval, predictor=predictor,

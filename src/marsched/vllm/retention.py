@@ -126,16 +126,19 @@ class ConversationKeeper:
                 kept.copy_step = step
                 return
 
-    def copies_done(self, step: Any) -> None:
-        """The step that carried some copies to the worker has run: their device blocks go."""
+    def copies_done(self, step: Any) -> bool:
+        """The step that carried some copies to the worker has run: their device blocks go.
+        Returns whether any copy landed."""
         landed = [k for k in self.landing if k.copy_step is step]
         self.landing = [k for k in self.landing if k.copy_step is not step]
         for kept in landed:
             kept.copied = True
             self._unpin(kept)
             self._drop_host(kept)
+        done = len(landed)
         for kept in list(self.kept.values()) + list(self.claims.values()):
             if kept.copy_step is step and not kept.copied:
+                done += 1
                 kept.copied = True
                 if kept.claimed_by is not None:  # the follow-up came first: it reads the device copy
                     self._drop_host(kept)
@@ -144,6 +147,7 @@ class ConversationKeeper:
                 self.pool.free_blocks(blocks)
                 # On the host only: a later prefix lookup must not find the freed blocks.
                 self.pool.evict_blocks({b.block_id for b in blocks if b.ref_cnt == 0})
+        return done > 0
 
     # --- the follow-up ----------------------------------------------------------------
 

@@ -633,7 +633,8 @@ class MarsSchedulerMixin:
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         result = super().update_from_output(scheduler_output, model_runner_output)
-        self._keeper.copies_done(scheduler_output)
+        if self._keeper.copies_done(scheduler_output) and self._swapper is not None:
+            self._swapper.snapshot_dirty = True  # one more step publishes the state without those blocks
         for rid, (output, blocks) in list(self._swap_inflight.items()):
             if output is not scheduler_output:
                 continue
