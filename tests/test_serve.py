@@ -10,8 +10,8 @@ test stops the server as Ctrl-C does and checks that every process it started is
 
 from __future__ import annotations
 
+import contextlib
 import json
-import os
 import signal
 import subprocess
 import sys
@@ -124,15 +124,22 @@ class Server:
         return sum(1 for e in read_trace(self.trace) if e["event"] == "arrive") if self.trace.exists() else 0
 
 
-@pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    running = Server(tiny_model, tmp_path_factory.mktemp("serve"))
+@contextlib.contextmanager
+def started(model: str, folder: Path, **options):
+    """A `Server` once it listens; stopped, with every process it started, at the end."""
+    running = Server(model, folder, **options)
     try:
         running.wait_ready()
         yield running
     finally:
         running.stop()
         running.kill_leftovers()
+
+
+@pytest.fixture(scope="module")
+def server(tiny_model, tmp_path_factory):
+    with started(tiny_model, tmp_path_factory.mktemp("serve")) as running:
+        yield running
 
 
 def completion(server: Server, **fields) -> dict:

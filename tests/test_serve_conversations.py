@@ -19,7 +19,7 @@ import pytest
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from test_serve import Server  # noqa: E402
+from test_serve import Server, started  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -40,15 +40,9 @@ QUESTION = " ".join(["search the web for the weather in paris today and call the
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
-    running = Server(tiny_model, tmp_path_factory.mktemp("conversations"),
-                     serve_args=("--retention-limit-s", str(LIMIT_S)), vllm_args=TOOL_ARGS,
-                     template=TOOL_TEMPLATE)
-    try:
-        running.wait_ready()
+    with started(tiny_model, tmp_path_factory.mktemp("conversations"), serve_args=("--retention-limit-s", str(LIMIT_S)),
+                 vllm_args=TOOL_ARGS, template=TOOL_TEMPLATE) as running:
         yield running
-    finally:
-        running.stop()
-        running.kill_leftovers()
 
 
 @pytest.fixture(scope="module")

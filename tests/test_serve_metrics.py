@@ -158,15 +158,10 @@ def test_other_answers_and_requests_pass_untouched(kind):
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
     pytest.importorskip("vllm")
-    from test_serve import Server
+    from test_serve import started
 
-    running = Server(tiny_model, tmp_path_factory.mktemp("serve-metrics"))
-    try:
-        running.wait_ready()
+    with started(tiny_model, tmp_path_factory.mktemp("serve-metrics")) as running:
         yield running
-    finally:
-        running.stop()
-        running.kill_leftovers()
 
 
 def live_samples(server) -> dict[tuple[str, tuple], float]:

@@ -16,7 +16,7 @@ import pytest
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from test_serve import Server  # noqa: E402
+from test_serve import Server, started  # noqa: E402
 from test_serve_conversations import TOOL_ARGS, TOOL_TEMPLATE, marsched, tool_turn, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
@@ -27,14 +27,9 @@ WORDS = "the quick brown fox jumps over the lazy dog and the answer is forty two
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
-    running = Server(tiny_model, tmp_path_factory.mktemp("pressure"), serve_args=("--retention-limit-s", "120"),
-                     vllm_args=(*TOOL_ARGS, "--num-gpu-blocks-override", str(BLOCKS)), template=TOOL_TEMPLATE)
-    try:
-        running.wait_ready()
+    with started(tiny_model, tmp_path_factory.mktemp("pressure"), serve_args=("--retention-limit-s", "120"),
+                 vllm_args=(*TOOL_ARGS, "--num-gpu-blocks-override", str(BLOCKS)), template=TOOL_TEMPLATE) as running:
         yield running
-    finally:
-        running.stop()
-        running.kill_leftovers()
 
 
 @pytest.fixture(scope="module")
