@@ -252,3 +252,14 @@ def test_an_fcfs_relative_threshold_needs_the_seconds_clock():
     with pytest.raises(ValueError) as error:
         StarvationConfig(threshold=5, fcfs_multiple=2.0)
     assert str(error.value) == "a threshold relative to the FCFS wait needs the seconds clock"
+
+
+def test_the_run_events_declaration_names_the_fixed_strategy_and_the_ranking_terms():
+    """The audit rebuilds the policy from these two fields (audit/declared.py, audit/keys.py)."""
+    from dataclasses import asdict
+
+    from marsched.policy.trace_fields import declaration
+    assert declaration(make_policy("preserve", COST))["fixed_strategy"] == "preserve"
+    assert declaration(make_policy("mars", COST))["fixed_strategy"] is None
+    mars = make_policy("mars", COST)
+    assert declaration(mars)["terms"] == asdict(mars.terms)

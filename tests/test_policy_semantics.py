@@ -173,3 +173,17 @@ def test_admitting_a_promoted_request_clears_its_promotion():
     policy.protect(progress, iteration=7)
     assert progress.promoted is False
     assert policy.is_protected(progress, iteration=8)
+
+
+def test_remaining_area_is_the_key_forms_value():
+    import dataclasses
+
+    from marsched.policy.ranking import remaining_area, remaining_area_form
+    policy = make_policy("mars", COST)
+    progress = RequestProgress(_three_segment("r", 0.05), order_s=0.0)
+    policy.start_segment(progress, LOAD)
+    outlook = policy.outlook(progress, LOAD)
+    for iteration_s in (0.01, 0.05):
+        expected = remaining_area_form(outlook, COST, policy.terms).at(iteration_s)
+        assert remaining_area(outlook, iteration_s, COST, policy.terms) == expected
+        assert expected == policy.queue_key(progress, dataclasses.replace(LOAD, iteration_s=iteration_s))

@@ -207,3 +207,11 @@ def test_a_removed_request_is_skipped_by_pop():
     queue.remove("gone", iteration=0, now_s=0.0)
     assert queue.head_key() is not None
     assert queue.pop(0, 0.0) is stay
+
+
+def test_an_iteration_clock_has_no_seconds_deadline():
+    policy = make_policy("mars", COST, starvation="iterations", starvation_threshold=3)
+    queue = WaitingQueue(policy)
+    _waiting(policy, queue, "r", 0.0, 10, 5, now_s=0.0)
+    assert queue.iterations_to_next_promotion(1) == 2
+    assert queue.seconds_to_next_promotion(1.0) is None
