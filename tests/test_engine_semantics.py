@@ -381,3 +381,49 @@ def test_seconds_clock_promotion_due_while_idle_does_not_stall():
     result = Simulator(requests, small_profile(device_blocks=8), policy, on_step=guard).run()
     assert len(result.records) == 2
 
+
+
+# --- the closed forms behind running identical iterations together ------------------------
+
+
+def test_iterations_to_reach_is_the_fewest_whose_series_reaches_the_event():
+    """`_iterations_to_reach` against its definition, counted one iteration at a time, with events on
+    and beside iteration boundaries (where the closed-form estimate is off by one and is settled)."""
+    from marsched.sim.engine import _iterations_to_reach, _series
+
+    def counted(seconds, first, growth):
+        target = seconds - 1e-9 * first
+        n = 1
+        while _series(first, growth, n) < target:
+            n += 1
+        return n
+
+    checked = 0
+    for first in (0.001, 0.0123, 0.0371):
+        for growth in (5e-8, 1e-5, 2.5e-4):
+            for k in range(1, 120, 7):
+                boundary = _series(first, growth, k)
+                for offset in (0.0, 1e-12, -1e-12, 1e-9 * first, -1e-9 * first, 1e-8, 0.5 * first, -0.5 * first, 1e-15):
+                    seconds = boundary + offset
+                    assert _iterations_to_reach(seconds, first, growth) == counted(seconds, first, growth), \
+                        (seconds, first, growth)
+                    checked += 1
+    assert checked > 1000
+    # Events a hair past a boundary, where the estimate falls one short and is settled upwards.
+    for seconds, first, growth in ((0.04404730000100083, 0.001, 5e-08), (1.8618635000050099, 0.005, 1e-07),
+                                   (8.5364340000371, 0.0371, 3e-06), (0.16068000001230004, 0.0123, 1e-05),
+                                   (3.365628000010001, 0.01, 1e-07)):
+        assert _iterations_to_reach(seconds, first, growth) == counted(seconds, first, growth), (seconds, first, growth)
+    assert _iterations_to_reach(1e-6, 0.01, 1e-5) == 1  # an event inside the first iteration
+
+
+def test_moving_average_in_closed_form_equals_the_updates_one_at_a_time():
+    from marsched.sim.engine import _TAU_KEEP, _moving_average
+
+    for tau, first, growth, iterations in ((0.02, 0.01, 0.0, 5), (0.02, 0.01, 1e-4, 1), (0.02, 0.01, 1e-4, 2),
+                                           (0.005, 0.01, 3e-5, 3), (0.02, 0.013, 2e-4, 57), (0.01, 0.01, 1e-6, 400)):
+        expected = tau
+        for i in range(iterations):
+            expected = _TAU_KEEP * expected + (1 - _TAU_KEEP) * (first + i * growth)
+        assert _moving_average(tau, first, growth, iterations) == pytest.approx(expected, rel=1e-12, abs=1e-15), \
+            (tau, first, growth, iterations)
