@@ -427,3 +427,105 @@ def test_moving_average_in_closed_form_equals_the_updates_one_at_a_time():
             expected = _TAU_KEEP * expected + (1 - _TAU_KEEP) * (first + i * growth)
         assert _moving_average(tau, first, growth, iterations) == pytest.approx(expected, rel=1e-12, abs=1e-15), \
             (tau, first, growth, iterations)
+
+
+# --- engine accounting that mutation testing found unchecked -------------------------------
+
+
+def test_a_request_preempted_twice_records_two_preemptions():
+    requests = [single(f"s{i}", 0.01 * i, 30 + 5 * i, 40) for i in range(6)]
+    _, result, events = _run(requests, make_policy("vllm", COST), small_profile(device_blocks=8))
+    counted = {r.request_id: r.preemptions for r in result.records}
+    for rid, preemptions in counted.items():
+        assert preemptions == len(_events(events, rid, "preempt")), rid
+    assert max(counted.values()) == 2
+
+
+def test_the_budget_left_by_a_prefill_chunk_admits_the_next_request_with_one_token():
+    # A's 127-token prompt leaves one token of the 128-token budget: B starts its prefill with it.
+    requests = [single("A", 0.0, 127, 5), single("B", 0.0, 10, 5)]
+    _, _, events = _run(requests, make_policy("vllm", COST), small_profile())
+    first = next(e for e in events if e["event"] == "schedule")
+    assert first["tokens"] == COST.token_budget == 128
+    assert _events(events, "A", "admit")[0]["prefill_tokens"] == 127
+    assert _events(events, "B", "admit")[0]["prefill_tokens"] == 1
+    assert all(e["tokens"] <= COST.token_budget for e in events if e["event"] == "schedule")
+
+
+def _sim_with_running(policy, profile, *running):
+    """A simulator (not run) whose batch is `running`: (request, device blocks) pairs, segments started."""
+    from marsched.sim.engine import Phase, SimRequest
+    load = EngineLoad(now_s=0.0, running_kv_tokens=0, iteration_s=0.01, host_free_tokens=10**9)
+    sim = Simulator([], profile, policy)
+    for request, blocks in running:
+        progress = RequestProgress(request, order_s=request.arrival_s)
+        policy.start_segment(progress, load)
+        sim_request = SimRequest(progress, phase=Phase.RUNNING, device_blocks=blocks)
+        sim.device.allocate(blocks)
+        sim.running.append(sim_request)
+        sim.live[request.request_id] = sim_request
+    return sim
+
+
+def test_admission_counts_the_device_kv_held_outside_the_batch():
+    """MARS admission: the running request and the candidate peak at 432 tokens together (with a
+    block each for rounding); on 1024 tokens of device, 37 blocks held outside the batch (a
+    preserved call, a transfer) leave room for it and 38 do not."""
+    from marsched.sim.engine import SimRequest
+    policy = make_policy("mars", COST)
+    for outside, admitted in ((37, True), (38, False)):
+        sim = _sim_with_running(policy, small_profile(device_blocks=64), (single("a", 0.0, 100, 100), 7))
+        sim.device.allocate(outside)
+        candidate = RequestProgress(single("b", 0.0, 100, 100), order_s=0.0)
+        policy.start_segment(candidate, EngineLoad(0.0, 0, 0.01, 10**9))
+        assert sim._admissible(SimRequest(candidate)) is admitted, outside
+
+
+def test_a_protected_request_is_never_the_victim():
+    policy = make_policy("mars", COST)
+    sim = _sim_with_running(policy, small_profile(), (single("long", 0.0, 300, 300), 19),
+                            (single("short", 0.0, 10, 5), 1))
+    long_, short = sim.running
+    assert sim._victim(short) is long_  # the lowest-ranked
+    policy.protect(long_.progress, iteration=0)
+    assert sim._victim(short) is short
+    policy.protect(short.progress, iteration=0)
+    assert sim._victim(long_) is long_  # none unprotected: the requester
+
+
+def test_a_request_that_fits_only_at_its_longest_is_taken_and_one_that_does_not_is_refused():
+    # 4 blocks of 16: the KV at a request's longest (its final context plus the token it samples) <= 64.
+    fits = single("fits", 0.0, 60, 3)
+    too_long = single("too-long", 0.0, 60, 4)
+    assert fits.final_context_tokens + 1 == 64 and too_long.final_context_tokens + 1 == 65
+    profile = small_profile(device_blocks=4)
+    _, result, _ = _run([fits], make_policy("vllm", COST), profile)
+    assert [r.request_id for r in result.records] == ["fits"]
+    with pytest.raises(ValueError) as error:
+        Simulator([too_long], profile, make_policy("vllm", COST))
+    assert str(error.value) == ("request 'too-long' needs 5 KV blocks at its longest, "
+                                "more than the 4 the profile 'small' has")
+
+
+def test_progress_callback_wallclock_and_the_run_and_assignment_events():
+    calls = []
+    trace = Recorder()
+    sim = Simulator([single("a", 0.0, 10, 5), two_segment("b", 0.0, 20, 5, 0.1, 5, 5)], small_profile(),
+                    make_policy("mars", COST), trace=trace, on_progress=lambda done, total: calls.append((done, total)))
+    result = sim.run()
+    assert calls and calls[-1] == (2, 2) and all(total == 2 for _, total in calls)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+    assert 0.0 <= result.wallclock_s < 60.0
+    run = next(e for e in trace.events if e["event"] == "run")
+    assert run["engine"] == "sim"
+    assignments = [e for e in trace.events if e["event"] == "assign_strategy"]
+    assert assignments and all(e["segment"] == 0 for e in assignments if e["rid"] == "b")
+
+
+def test_the_iteration_time_average_after_identical_iterations_run_together_is_the_one_at_a_time_one():
+    cost = dataclasses.replace(COST, seconds_per_context_token=2e-6)  # each decode iteration a little longer
+    requests = [single("H", 0.0, 60, 40), single("X", 0.1234, 20, 10)]
+    fast, fast_result, _ = _run(requests, make_policy("mars", cost), small_profile())
+    slow, slow_result, _ = _run(requests, make_policy("mars", cost), small_profile(), simulator=_OneIterationAtATime)
+    assert fast_result.steps < slow_result.steps  # identical iterations did run together
+    assert fast._tau == pytest.approx(slow._tau, rel=1e-9)
