@@ -318,7 +318,7 @@ def test_infercept_switches_a_preserved_call_once_keeping_it_costs_more(h_output
     #   h_output 20: H ends at 0.308 + 10·0.011 = 0.418 s, 0.09 s left: A keeps its KV.
     requests = [two_segment("A", 0.0, 90, 10, 0.2, 5, 5), single("H", 0.0, 100, h_output)]
     profile = Profile("slow", "test engine, 1 ms per token", 1.0, 64, 0, 16, _SLOW)
-    _, events = _run(requests, make_policy("infercept", _SLOW), profile)
+    result, events = _run(requests, make_policy("infercept", _SLOW), profile)
     call_start = _slow_t(190) + 9 * _slow_t(2)
     h_end = call_start + (h_output - 10) * _slow_t(1)
     assigned = _events(events, "A", "assign_strategy")
@@ -336,8 +336,10 @@ def test_infercept_switches_a_preserved_call_once_keeping_it_costs_more(h_output
         resume = _events(events, "A", "resume")[0]["where"]
         assert resume == "waiting"
         assert _events(events, "A", "admit")[-1]["prefill_tokens"] == 99 + 1 + 5  # recomputed
+        assert next(r for r in result.records if r.request_id == "A").strategies == ("discard",)  # what ran
     else:
         assert reconsidered == []
+        assert next(r for r in result.records if r.request_id == "A").strategies == ("preserve",)
         assert _events(events, "A", "resume")[0]["where"] == "device"
 
 

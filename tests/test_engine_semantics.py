@@ -529,3 +529,29 @@ def test_the_iteration_time_average_after_identical_iterations_run_together_is_t
     slow, slow_result, _ = _run(requests, make_policy("mars", cost), small_profile(), simulator=_OneIterationAtATime)
     assert fast_result.steps < slow_result.steps  # identical iterations did run together
     assert fast._tau == pytest.approx(slow._tau, rel=1e-9)
+
+
+def test_a_swap_in_takes_exactly_the_free_device_blocks():
+    from marsched.sim.engine import Phase, SimRequest
+    policy = make_policy("swap", COST)
+    sim = _sim_with_running(policy, small_profile(device_blocks=7))
+    load = EngineLoad(now_s=0.0, running_kv_tokens=0, iteration_s=0.01, host_free_tokens=10**9)
+    swapped = []
+    for rid, blocks in (("fits", 7), ("late", 1)):
+        progress = RequestProgress(two_segment(rid, 0.0, 100, 5, 1.0, 2, 5), order_s=0.0)
+        policy.start_segment(progress, load)
+        swapped.append(SimRequest(progress, phase=Phase.SWAPPED, host_blocks=blocks))
+    fits, late = swapped
+    assert sim._start_swap_in(fits) and fits.phase is Phase.SWAPPING_IN and sim.device.free == 0
+    assert not sim._start_swap_in(late) and late.phase is Phase.SWAPPED
+
+
+def test_the_host_link_moves_less_than_a_token_and_completes_an_empty_transfer_at_once():
+    from marsched.sim.link import HostLink
+    link = HostLink(20_000.0)
+    partial = link.start("a", 10, 1)
+    assert link.advance(0.5 / 20_000) == []  # half a token
+    assert partial.tokens_left == pytest.approx(9.5)
+    empty_link = HostLink(20_000.0)
+    empty = empty_link.start("b", 0, 0)
+    assert empty_link.advance(0.0) == [empty]

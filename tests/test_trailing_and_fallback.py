@@ -225,3 +225,11 @@ def test_ranking_time_per_iteration_follows_the_engine():
     assert taus[0] == pytest.approx(after_prefill)
     # The two decode iterations run together: 1 − 0.99² of the way to t(1).
     assert taus[1] == pytest.approx(after_prefill + (t(1) - after_prefill) * (1 - 0.99**2))
+
+
+@pytest.mark.parametrize("host_blocks, expected", [(7, "swap"), (6, "discard")])
+def test_swap_takes_a_host_exactly_as_large_as_the_context(host_blocks, expected):
+    # 104 tokens of context at the call fill 7 blocks of 16: a host of exactly 7 blocks takes them.
+    request = two_segment("S", 0.0, 100, 5, 10.0, 2, 5)
+    result = Simulator([request], small_profile(host_blocks=host_blocks), make_policy("swap", COST)).run()
+    assert result.records[0].strategies == (expected,)
