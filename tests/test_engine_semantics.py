@@ -415,6 +415,7 @@ def test_iterations_to_reach_is_the_fewest_whose_series_reaches_the_event():
                                    (3.365628000010001, 0.01, 1e-07)):
         assert _iterations_to_reach(seconds, first, growth) == counted(seconds, first, growth), (seconds, first, growth)
     assert _iterations_to_reach(1e-6, 0.01, 1e-5) == 1  # an event inside the first iteration
+    assert _iterations_to_reach(0.0, 0.01, 1e-5) == 1  # an event due now: one iteration still runs
 
 
 def test_moving_average_in_closed_form_equals_the_updates_one_at_a_time():
@@ -555,3 +556,24 @@ def test_the_host_link_moves_less_than_a_token_and_completes_an_empty_transfer_a
     empty_link = HostLink(20_000.0)
     empty = empty_link.start("b", 0, 0)
     assert empty_link.advance(0.0) == [empty]
+
+
+@pytest.mark.parametrize("starvation", ["iterations", "age"])
+def test_admitting_a_promoted_request_protects_it(starvation):
+    from marsched.sim.engine import SimRequest
+    policy = make_policy("mars", COST, starvation=starvation)
+    sim = _sim_with_running(policy, small_profile())
+    progress = RequestProgress(single("p", 0.0, 10, 5), order_s=0.0)
+    policy.start_segment(progress, EngineLoad(0.0, 0, 0.01, 10**9))
+    progress.promoted = True
+    progress.elder = policy.starvation.for_life
+    sim._leave_queue(SimRequest(progress), 10)
+    assert policy.is_protected(progress, sim.iteration + 1)
+    assert not progress.promoted
+
+
+def test_a_finished_request_leaves_the_fcfs_wait_estimate():
+    requests = [single(f"r{i}", 0.01 * i, 40, 20) for i in range(4)]
+    sim, result, _ = _run(requests, make_policy("mars", COST, starvation="fcfs-wait"), small_profile())
+    assert len(result.records) == 4
+    assert sim.queue.fcfs_wait is not None and sim.queue.fcfs_wait._owed == {}

@@ -233,3 +233,13 @@ def test_swap_takes_a_host_exactly_as_large_as_the_context(host_blocks, expected
     request = two_segment("S", 0.0, 100, 5, 10.0, 2, 5)
     result = Simulator([request], small_profile(host_blocks=host_blocks), make_policy("swap", COST)).run()
     assert result.records[0].strategies == (expected,)
+
+
+def test_each_host_full_fallback_is_traced_with_its_own_call():
+    request = build_request("S", 100, [(5, ApiCall(ApiType.OTHER, 10.0, 2)), (5, ApiCall(ApiType.OTHER, 10.0, 2)),
+                                       (5, None)], 0.0)
+    trace = Recorder()
+    Simulator([request], small_profile(host_blocks=0), make_policy("swap", COST), trace=trace).run()
+    fallbacks = [e for e in _events(trace.events, "S", "assign_strategy") if e["reason"] == "host-full"]
+    assert [e["segment"] for e in fallbacks] == [0, 1]
+    assert fallbacks[0]["context_tokens"] == 104 and fallbacks[1]["context_tokens"] > 104
