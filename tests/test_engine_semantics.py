@@ -577,3 +577,52 @@ def test_a_finished_request_leaves_the_fcfs_wait_estimate():
     sim, result, _ = _run(requests, make_policy("mars", COST, starvation="fcfs-wait"), small_profile())
     assert len(result.records) == 4
     assert sim.queue.fcfs_wait is not None and sim.queue.fcfs_wait._owed == {}
+
+
+def _running_state(sim, rid, computed, blocks):
+    """Set a running request's computed tokens and device blocks (allocated from the pool)."""
+    sim_request = sim.live[rid]
+    sim_request.progress.computed_tokens = computed
+    sim.device.allocate(blocks - sim_request.device_blocks)
+    sim_request.device_blocks = blocks
+    return sim_request
+
+
+def test_the_last_budget_token_goes_to_a_running_request_after_a_prefill_chunk():
+    # C's 127-token chunk leaves one token of the budget: Y, decoding after it, still runs.
+    policy = make_policy("vllm", COST)
+    sim = _sim_with_running(policy, small_profile(), (single("C", 0.0, 127, 5), 0), (single("Y", 1.0, 20, 5), 0))
+    _running_state(sim, "C", 0, 8)
+    _running_state(sim, "Y", 19, 2)
+    batch, settled = sim._build_batch()
+    assert {r.rid: n for r, n in batch} == {"C": 127, "Y": 1}
+
+
+def test_a_victim_taken_out_of_the_batch_gives_its_budget_back():
+    # A (batched first, the latest arrival: FCFS's victim) is preempted when B needs a block; A's
+    # token goes back to the budget, so C's prefill chunk still gets 127 of the 128.
+    policy = make_policy("vllm", COST)
+    sim = _sim_with_running(policy, small_profile(device_blocks=12), (single("A", 3.0, 20, 5), 0),
+                            (single("B", 1.0, 33, 5), 0), (single("C", 2.0, 127, 5), 0))
+    _running_state(sim, "A", 19, 2)
+    _running_state(sim, "B", 32, 2)
+    _running_state(sim, "C", 0, 8)
+    assert sim.device.free == 0
+    batch, settled = sim._build_batch()
+    assert {r.rid: n for r, n in batch} == {"B": 1, "C": 127}
+    assert not settled and sim.live["A"].preemptions == 1
+
+
+def test_several_swap_ins_start_in_one_step():
+    from marsched.sim.engine import Phase, SimRequest
+    policy = make_policy("swap", COST)
+    sim = _sim_with_running(policy, small_profile())
+    for rid in ("s1", "s2"):
+        progress = RequestProgress(two_segment(rid, 0.0, 20, 5, 1.0, 2, 5), order_s=0.0)
+        policy.start_segment(progress, sim.load())
+        sim_request = SimRequest(progress, phase=Phase.SWAPPED, host_blocks=2)
+        sim.host.allocate(2)
+        sim.live[rid] = sim_request
+        sim.queue.push(progress, sim.load(), sim.iteration)
+    assert sim._admit_from_queue({}, COST.token_budget)
+    assert [sim.live[rid].phase for rid in ("s1", "s2")] == [Phase.SWAPPING_IN, Phase.SWAPPING_IN]

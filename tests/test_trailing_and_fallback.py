@@ -243,3 +243,17 @@ def test_each_host_full_fallback_is_traced_with_its_own_call():
     fallbacks = [e for e in _events(trace.events, "S", "assign_strategy") if e["reason"] == "host-full"]
     assert [e["segment"] for e in fallbacks] == [0, 1]
     assert fallbacks[0]["context_tokens"] == 104 and fallbacks[1]["context_tokens"] > 104
+
+
+def test_calls_that_end_at_the_same_instant_return_in_the_order_they_started():
+    # A and B run in lockstep, so both calls of each end at exactly the same time as the other's.
+    requests = [build_request(rid, 20, [(5, ApiCall(ApiType.OTHER, 0.5, 2)), (5, ApiCall(ApiType.OTHER, 0.5, 0))],
+                              0.0) for rid in ("A", "B")]
+    trace = Recorder()
+    Simulator(requests, small_profile(), make_policy("preserve", COST), trace=trace).run()
+    starts = [(e["rid"], e["segment"]) for e in trace.events if e["event"] == "api_start"]
+    ends = [(e["rid"], e["segment"]) for e in trace.events if e["event"] == "api_end"]
+    assert starts == [("A", 0), ("B", 0), ("A", 1), ("B", 1)]
+    assert ends == starts
+    end_times = [e["t"] for e in trace.events if e["event"] == "api_end"]
+    assert end_times[0] == end_times[1] and end_times[2] == end_times[3]
