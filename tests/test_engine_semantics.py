@@ -626,3 +626,19 @@ def test_several_swap_ins_start_in_one_step():
         sim.queue.push(progress, sim.load(), sim.iteration)
     assert sim._admit_from_queue({}, COST.token_budget)
     assert [sim.live[rid].phase for rid in ("s1", "s2")] == [Phase.SWAPPING_IN, Phase.SWAPPING_IN]
+
+
+@pytest.mark.parametrize("policy_name, others", [
+    ("vllm", []),  # the queue empties after it
+    ("vllm", [single("big", 0.0, 60, 3)]),  # the next head does not fit in the blocks left
+    ("mars", [single("big", 0.0, 40, 20)]),  # the next head is refused by MARS admission
+])
+def test_a_one_token_prompt_admitted_in_a_step_gets_its_first_token_after_one_iteration(policy_name, others):
+    """A step that admitted a request is not a settled one: its prefill (here a single token, which
+    looks like a decode) must not be run together with the decode iterations after it."""
+    requests = [single("one", 0.0, 1, 20), *others]
+    _, result, events = _run(requests, make_policy(policy_name, COST), small_profile(device_blocks=4))
+    record = next(r for r in result.records if r.request_id == "one")
+    first = next(e for e in events if e["event"] == "schedule")
+    assert first["iterations"] == 1
+    assert record.first_token_s == pytest.approx(first["span_s"])
