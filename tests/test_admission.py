@@ -77,3 +77,27 @@ def test_predicted_peak_admission_avoids_the_preemptions_greedy_admission_causes
 def test_unknown_admission_rule_lists_the_valid_ones():
     with pytest.raises(ValueError, match="greedy, predicted-peak"):
         make_policy("mars", COST, admission="lazy")
+
+
+def test_admission_from_outlooks_is_open_when_greedy_or_when_nothing_runs():
+    big = [KvOutlook(1000, 1000, False)]
+    greedy = make_policy("mars", COST, admission="greedy")
+    assert greedy.admits_outlooks(KvOutlook(1000, 1000, False), big, 0, 1, block_tokens=16)
+    mars = make_policy("mars", COST)
+    assert mars.admits_outlooks(KvOutlook(1000, 1000, False), [], 0, 1, block_tokens=16)
+    assert not mars.admits_outlooks(KvOutlook(1000, 1000, False), big, 0, 1, block_tokens=16)
+
+
+def test_only_a_preserved_call_before_a_later_segment_holds_memory_after_the_segment():
+    from marsched.policy import Strategy
+    from simhelpers import two_segment
+    mars = make_policy("mars", COST)
+    progress = RequestProgress(two_segment("r", 0.0, 100, 60, 2.0, 10, 40), order_s=0.0)
+    mars.start_segment(progress, LOAD)
+    for strategy, held in ((Strategy.DISCARD, False), (Strategy.SWAP, False), (Strategy.PRESERVE, True)):
+        progress.strategy = strategy
+        assert mars.kv_outlook(progress).held_after is held, strategy
+    last = RequestProgress(single("s", 0.0, 100, 40), order_s=0.0)
+    mars.start_segment(last, LOAD)
+    last.strategy = Strategy.DISCARD
+    assert mars.kv_outlook(last).held_after is False

@@ -318,7 +318,7 @@ def test_infercept_switches_a_preserved_call_once_keeping_it_costs_more(h_output
     #   h_output 20: H ends at 0.308 + 10·0.011 = 0.418 s, 0.09 s left: A keeps its KV.
     requests = [two_segment("A", 0.0, 90, 10, 0.2, 5, 5), single("H", 0.0, 100, h_output)]
     profile = Profile("slow", "test engine, 1 ms per token", 1.0, 64, 0, 16, _SLOW)
-    _, events = _run(requests, make_policy("infercept", _SLOW), profile)
+    result, events = _run(requests, make_policy("infercept", _SLOW), profile)
     call_start = _slow_t(190) + 9 * _slow_t(2)
     h_end = call_start + (h_output - 10) * _slow_t(1)
     assigned = _events(events, "A", "assign_strategy")
@@ -336,8 +336,10 @@ def test_infercept_switches_a_preserved_call_once_keeping_it_costs_more(h_output
         resume = _events(events, "A", "resume")[0]["where"]
         assert resume == "waiting"
         assert _events(events, "A", "admit")[-1]["prefill_tokens"] == 99 + 1 + 5  # recomputed
+        assert next(r for r in result.records if r.request_id == "A").strategies == ("discard",)  # what ran
     else:
         assert reconsidered == []
+        assert next(r for r in result.records if r.request_id == "A").strategies == ("preserve",)
         assert _events(events, "A", "resume")[0]["where"] == "device"
 
 
@@ -399,3 +401,39 @@ def test_ahead_of_time_strategy_with_an_oracle_uses_the_truth():
     make_policy("mars", COST).start_segment(progress, LOAD)
     assignment = progress.assignments[-1]
     assert (assignment.context_tokens, assignment.api_s, assignment.strategy) == (90, 30.0, Strategy.SWAP)
+
+
+def test_infercept_reconsiders_every_preserved_call_and_traces_the_new_assignment():
+    """A preserved call that stays preserved does not stop the others' reconsideration in the same
+    step, and the assign_strategy event traced is the reconsidered assignment, the request's last."""
+    from marsched.policy.progress import StrategyAssignment
+    from marsched.sim.engine import Phase, SimRequest
+    from marsched.sim.memory import blocks_for
+    policy = make_policy("infercept", _SLOW)
+    trace = Recorder()
+    sim = Simulator([], Profile("slow", "test engine, 1 ms per token", 1.0, 64, 0, 16, _SLOW), policy, trace=trace)
+    load = sim.load()
+    # keep: 5 tokens, 10 ms of call left: preserving (0.05) beats discarding (0.015·5 = 0.075).
+    # switch: in its second call, 99 tokens, 0.2 s left: discarding (0.109·99 = 10.8) beats preserving (19.8).
+    keep = build_request("keep", 5, [(1, ApiCall(ApiType.OTHER, 0.01, 1)), (1, None)], 0.0)
+    switch = build_request("switch", 99, [(1, ApiCall(ApiType.OTHER, 0.2, 1)), (1, ApiCall(ApiType.OTHER, 0.2, 1)),
+                                           (1, None)], 0.0)
+    for request, segment in ((keep, 0), (switch, 1)):
+        progress = RequestProgress(request, order_s=0.0)
+        progress.segment_index = segment
+        policy.start_segment(progress, load)
+        for index in range(segment + 1):
+            progress.assign(StrategyAssignment(index, Strategy.PRESERVE, 0.0, request.prompt_tokens, 0.2, "at-call"))
+        progress.computed_tokens = request.prompt_tokens
+        progress.api_started_s = 0.0
+        sim_request = SimRequest(progress, phase=Phase.PAUSED, device_blocks=blocks_for(request.prompt_tokens, 16),
+                                 strategies_run=["preserve"] * (segment + 1))
+        sim.device.allocate(sim_request.device_blocks)
+        sim.live[request.request_id] = sim_request
+        sim.paused_preserved[request.request_id] = sim_request
+    sim._reconsider_paused()
+    assert list(sim.paused_preserved) == ["keep"]
+    switched = sim.live["switch"]
+    assert switched.strategies_run == ["preserve", "discard"] and switched.device_blocks == 0
+    traced = _events(trace.events, "switch", "assign_strategy")
+    assert [(e["strategy"], e["reason"]) for e in traced] == [("discard", "reconsidered")]

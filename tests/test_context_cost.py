@@ -186,3 +186,8 @@ def test_bundled_gpu_profiles_carry_both_terms_with_sources():
         for field in ("iteration_us_per_context_token", "iteration_ms_per_sequence"):
             assert data[field] > 0, (name, field)
             assert len(data[f"{field}_source"]) > 40, (name, field)
+
+
+def test_one_decode_step_is_one_iteration():
+    assert COST.decode_time(500, 1) == pytest.approx(COST.iteration_time(1, 500, 1))
+    assert COST.decode_time(500, 1, 3) == pytest.approx(COST.iteration_time(3, 500, 3))

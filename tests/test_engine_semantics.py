@@ -381,3 +381,264 @@ def test_seconds_clock_promotion_due_while_idle_does_not_stall():
     result = Simulator(requests, small_profile(device_blocks=8), policy, on_step=guard).run()
     assert len(result.records) == 2
 
+
+
+# --- the closed forms behind running identical iterations together ------------------------
+
+
+def test_iterations_to_reach_is_the_fewest_whose_series_reaches_the_event():
+    """`_iterations_to_reach` against its definition, counted one iteration at a time, with events on
+    and beside iteration boundaries (where the closed-form estimate is off by one and is settled)."""
+    from marsched.sim.engine import _iterations_to_reach, _series
+
+    def counted(seconds, first, growth):
+        target = seconds - 1e-9 * first
+        n = 1
+        while _series(first, growth, n) < target:
+            n += 1
+        return n
+
+    checked = 0
+    for first in (0.001, 0.0123, 0.0371):
+        for growth in (5e-8, 1e-5, 2.5e-4):
+            for k in range(1, 120, 7):
+                boundary = _series(first, growth, k)
+                for offset in (0.0, 1e-12, -1e-12, 1e-9 * first, -1e-9 * first, 1e-8, 0.5 * first, -0.5 * first, 1e-15):
+                    seconds = boundary + offset
+                    assert _iterations_to_reach(seconds, first, growth) == counted(seconds, first, growth), \
+                        (seconds, first, growth)
+                    checked += 1
+    assert checked > 1000
+    # Events a hair past a boundary, where the estimate falls one short and is settled upwards.
+    for seconds, first, growth in ((0.04404730000100083, 0.001, 5e-08), (1.8618635000050099, 0.005, 1e-07),
+                                   (8.5364340000371, 0.0371, 3e-06), (0.16068000001230004, 0.0123, 1e-05),
+                                   (3.365628000010001, 0.01, 1e-07)):
+        assert _iterations_to_reach(seconds, first, growth) == counted(seconds, first, growth), (seconds, first, growth)
+    assert _iterations_to_reach(1e-6, 0.01, 1e-5) == 1  # an event inside the first iteration
+    assert _iterations_to_reach(0.0, 0.01, 1e-5) == 1  # an event due now: one iteration still runs
+
+
+def test_moving_average_in_closed_form_equals_the_updates_one_at_a_time():
+    from marsched.sim.engine import _TAU_KEEP, _moving_average
+
+    for tau, first, growth, iterations in ((0.02, 0.01, 0.0, 5), (0.02, 0.01, 1e-4, 1), (0.02, 0.01, 1e-4, 2),
+                                           (0.005, 0.01, 3e-5, 3), (0.02, 0.013, 2e-4, 57), (0.01, 0.01, 1e-6, 400)):
+        expected = tau
+        for i in range(iterations):
+            expected = _TAU_KEEP * expected + (1 - _TAU_KEEP) * (first + i * growth)
+        assert _moving_average(tau, first, growth, iterations) == pytest.approx(expected, rel=1e-12, abs=1e-15), \
+            (tau, first, growth, iterations)
+
+
+# --- engine accounting that mutation testing found unchecked -------------------------------
+
+
+def test_a_request_preempted_twice_records_two_preemptions():
+    requests = [single(f"s{i}", 0.01 * i, 30 + 5 * i, 40) for i in range(6)]
+    _, result, events = _run(requests, make_policy("vllm", COST), small_profile(device_blocks=8))
+    counted = {r.request_id: r.preemptions for r in result.records}
+    for rid, preemptions in counted.items():
+        assert preemptions == len(_events(events, rid, "preempt")), rid
+    assert max(counted.values()) == 2
+
+
+def test_the_budget_left_by_a_prefill_chunk_admits_the_next_request_with_one_token():
+    # A's 127-token prompt leaves one token of the 128-token budget: B starts its prefill with it.
+    requests = [single("A", 0.0, 127, 5), single("B", 0.0, 10, 5)]
+    _, _, events = _run(requests, make_policy("vllm", COST), small_profile())
+    first = next(e for e in events if e["event"] == "schedule")
+    assert first["tokens"] == COST.token_budget == 128
+    assert _events(events, "A", "admit")[0]["prefill_tokens"] == 127
+    assert _events(events, "B", "admit")[0]["prefill_tokens"] == 1
+    assert all(e["tokens"] <= COST.token_budget for e in events if e["event"] == "schedule")
+
+
+def _sim_with_running(policy, profile, *running):
+    """A simulator (not run) whose batch is `running`: (request, device blocks) pairs, segments started."""
+    from marsched.sim.engine import Phase, SimRequest
+    load = EngineLoad(now_s=0.0, running_kv_tokens=0, iteration_s=0.01, host_free_tokens=10**9)
+    sim = Simulator([], profile, policy)
+    for request, blocks in running:
+        progress = RequestProgress(request, order_s=request.arrival_s)
+        policy.start_segment(progress, load)
+        sim_request = SimRequest(progress, phase=Phase.RUNNING, device_blocks=blocks)
+        sim.device.allocate(blocks)
+        sim.running.append(sim_request)
+        sim.live[request.request_id] = sim_request
+    return sim
+
+
+def test_admission_counts_the_device_kv_held_outside_the_batch():
+    """MARS admission: the running request and the candidate peak at 432 tokens together (with a
+    block each for rounding); on 1024 tokens of device, 37 blocks held outside the batch (a
+    preserved call, a transfer) leave room for it and 38 do not."""
+    from marsched.sim.engine import SimRequest
+    policy = make_policy("mars", COST)
+    for outside, admitted in ((37, True), (38, False)):
+        sim = _sim_with_running(policy, small_profile(device_blocks=64), (single("a", 0.0, 100, 100), 7))
+        sim.device.allocate(outside)
+        candidate = RequestProgress(single("b", 0.0, 100, 100), order_s=0.0)
+        policy.start_segment(candidate, EngineLoad(0.0, 0, 0.01, 10**9))
+        assert sim._admissible(SimRequest(candidate)) is admitted, outside
+
+
+def test_a_protected_request_is_never_the_victim():
+    policy = make_policy("mars", COST)
+    sim = _sim_with_running(policy, small_profile(), (single("long", 0.0, 300, 300), 19),
+                            (single("short", 0.0, 10, 5), 1))
+    long_, short = sim.running
+    assert sim._victim(short) is long_  # the lowest-ranked
+    policy.protect(long_.progress, iteration=0)
+    assert sim._victim(short) is short
+    policy.protect(short.progress, iteration=0)
+    assert sim._victim(long_) is long_  # none unprotected: the requester
+
+
+def test_a_request_that_fits_only_at_its_longest_is_taken_and_one_that_does_not_is_refused():
+    # 4 blocks of 16: the KV at a request's longest (its final context plus the token it samples) <= 64.
+    fits = single("fits", 0.0, 60, 3)
+    too_long = single("too-long", 0.0, 60, 4)
+    assert fits.final_context_tokens + 1 == 64 and too_long.final_context_tokens + 1 == 65
+    profile = small_profile(device_blocks=4)
+    _, result, _ = _run([fits], make_policy("vllm", COST), profile)
+    assert [r.request_id for r in result.records] == ["fits"]
+    with pytest.raises(ValueError) as error:
+        Simulator([too_long], profile, make_policy("vllm", COST))
+    assert str(error.value) == ("request 'too-long' needs 5 KV blocks at its longest, "
+                                "more than the 4 the profile 'small' has")
+
+
+def test_progress_callback_wallclock_and_the_run_and_assignment_events():
+    calls = []
+    trace = Recorder()
+    sim = Simulator([single("a", 0.0, 10, 5), two_segment("b", 0.0, 20, 5, 0.1, 5, 5)], small_profile(),
+                    make_policy("mars", COST), trace=trace, on_progress=lambda done, total: calls.append((done, total)))
+    result = sim.run()
+    assert calls and calls[-1] == (2, 2) and all(total == 2 for _, total in calls)
+    assert [done for done, _ in calls] == sorted(done for done, _ in calls)
+    assert 0.0 <= result.wallclock_s < 60.0
+    run = next(e for e in trace.events if e["event"] == "run")
+    assert run["engine"] == "sim"
+    assignments = [e for e in trace.events if e["event"] == "assign_strategy"]
+    assert assignments and all(e["segment"] == 0 for e in assignments if e["rid"] == "b")
+
+
+def test_the_iteration_time_average_after_identical_iterations_run_together_is_the_one_at_a_time_one():
+    cost = dataclasses.replace(COST, seconds_per_context_token=2e-6)  # each decode iteration a little longer
+    requests = [single("H", 0.0, 60, 40), single("X", 0.1234, 20, 10)]
+    fast, fast_result, _ = _run(requests, make_policy("mars", cost), small_profile())
+    slow, slow_result, _ = _run(requests, make_policy("mars", cost), small_profile(), simulator=_OneIterationAtATime)
+    assert fast_result.steps < slow_result.steps  # identical iterations did run together
+    assert fast._tau == pytest.approx(slow._tau, rel=1e-9)
+
+
+def test_a_swap_in_takes_exactly_the_free_device_blocks():
+    from marsched.sim.engine import Phase, SimRequest
+    policy = make_policy("swap", COST)
+    sim = _sim_with_running(policy, small_profile(device_blocks=7))
+    load = EngineLoad(now_s=0.0, running_kv_tokens=0, iteration_s=0.01, host_free_tokens=10**9)
+    swapped = []
+    for rid, blocks in (("fits", 7), ("late", 1)):
+        progress = RequestProgress(two_segment(rid, 0.0, 100, 5, 1.0, 2, 5), order_s=0.0)
+        policy.start_segment(progress, load)
+        swapped.append(SimRequest(progress, phase=Phase.SWAPPED, host_blocks=blocks))
+    fits, late = swapped
+    assert sim._start_swap_in(fits) and fits.phase is Phase.SWAPPING_IN and sim.device.free == 0
+    assert not sim._start_swap_in(late) and late.phase is Phase.SWAPPED
+
+
+def test_the_host_link_moves_less_than_a_token_and_completes_an_empty_transfer_at_once():
+    from marsched.sim.link import HostLink
+    link = HostLink(20_000.0)
+    partial = link.start("a", 10, 1)
+    assert link.advance(0.5 / 20_000) == []  # half a token
+    assert partial.tokens_left == pytest.approx(9.5)
+    empty_link = HostLink(20_000.0)
+    empty = empty_link.start("b", 0, 0)
+    assert empty_link.advance(0.0) == [empty]
+
+
+@pytest.mark.parametrize("starvation", ["iterations", "age"])
+def test_admitting_a_promoted_request_protects_it(starvation):
+    from marsched.sim.engine import SimRequest
+    policy = make_policy("mars", COST, starvation=starvation)
+    sim = _sim_with_running(policy, small_profile())
+    progress = RequestProgress(single("p", 0.0, 10, 5), order_s=0.0)
+    policy.start_segment(progress, EngineLoad(0.0, 0, 0.01, 10**9))
+    progress.promoted = True
+    progress.elder = policy.starvation.for_life
+    sim._leave_queue(SimRequest(progress), 10)
+    assert policy.is_protected(progress, sim.iteration + 1)
+    assert not progress.promoted
+
+
+def test_a_finished_request_leaves_the_fcfs_wait_estimate():
+    requests = [single(f"r{i}", 0.01 * i, 40, 20) for i in range(4)]
+    sim, result, _ = _run(requests, make_policy("mars", COST, starvation="fcfs-wait"), small_profile())
+    assert len(result.records) == 4
+    assert sim.queue.fcfs_wait is not None and sim.queue.fcfs_wait._owed == {}
+
+
+def _running_state(sim, rid, computed, blocks):
+    """Set a running request's computed tokens and device blocks (allocated from the pool)."""
+    sim_request = sim.live[rid]
+    sim_request.progress.computed_tokens = computed
+    sim.device.allocate(blocks - sim_request.device_blocks)
+    sim_request.device_blocks = blocks
+    return sim_request
+
+
+def test_the_last_budget_token_goes_to_a_running_request_after_a_prefill_chunk():
+    # C's 127-token chunk leaves one token of the budget: Y, decoding after it, still runs.
+    policy = make_policy("vllm", COST)
+    sim = _sim_with_running(policy, small_profile(), (single("C", 0.0, 127, 5), 0), (single("Y", 1.0, 20, 5), 0))
+    _running_state(sim, "C", 0, 8)
+    _running_state(sim, "Y", 19, 2)
+    batch, settled = sim._build_batch()
+    assert {r.rid: n for r, n in batch} == {"C": 127, "Y": 1}
+
+
+def test_a_victim_taken_out_of_the_batch_gives_its_budget_back():
+    # A (batched first, the latest arrival: FCFS's victim) is preempted when B needs a block; A's
+    # token goes back to the budget, so C's prefill chunk still gets 127 of the 128.
+    policy = make_policy("vllm", COST)
+    sim = _sim_with_running(policy, small_profile(device_blocks=12), (single("A", 3.0, 20, 5), 0),
+                            (single("B", 1.0, 33, 5), 0), (single("C", 2.0, 127, 5), 0))
+    _running_state(sim, "A", 19, 2)
+    _running_state(sim, "B", 32, 2)
+    _running_state(sim, "C", 0, 8)
+    assert sim.device.free == 0
+    batch, settled = sim._build_batch()
+    assert {r.rid: n for r, n in batch} == {"B": 1, "C": 127}
+    assert not settled and sim.live["A"].preemptions == 1
+
+
+def test_several_swap_ins_start_in_one_step():
+    from marsched.sim.engine import Phase, SimRequest
+    policy = make_policy("swap", COST)
+    sim = _sim_with_running(policy, small_profile())
+    for rid in ("s1", "s2"):
+        progress = RequestProgress(two_segment(rid, 0.0, 20, 5, 1.0, 2, 5), order_s=0.0)
+        policy.start_segment(progress, sim.load())
+        sim_request = SimRequest(progress, phase=Phase.SWAPPED, host_blocks=2)
+        sim.host.allocate(2)
+        sim.live[rid] = sim_request
+        sim.queue.push(progress, sim.load(), sim.iteration)
+    assert sim._admit_from_queue({}, COST.token_budget)
+    assert [sim.live[rid].phase for rid in ("s1", "s2")] == [Phase.SWAPPING_IN, Phase.SWAPPING_IN]
+
+
+@pytest.mark.parametrize("policy_name, others", [
+    ("vllm", []),  # the queue empties after it
+    ("vllm", [single("big", 0.0, 60, 3)]),  # the next head does not fit in the blocks left
+    ("mars", [single("big", 0.0, 40, 20)]),  # the next head is refused by MARS admission
+])
+def test_a_one_token_prompt_admitted_in_a_step_gets_its_first_token_after_one_iteration(policy_name, others):
+    """A step that admitted a request is not a settled one: its prefill (here a single token, which
+    looks like a decode) must not be run together with the decode iterations after it."""
+    requests = [single("one", 0.0, 1, 20), *others]
+    _, result, events = _run(requests, make_policy(policy_name, COST), small_profile(device_blocks=4))
+    record = next(r for r in result.records if r.request_id == "one")
+    first = next(e for e in events if e["event"] == "schedule")
+    assert first["iterations"] == 1
+    assert record.first_token_s == pytest.approx(first["span_s"])

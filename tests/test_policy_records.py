@@ -238,3 +238,28 @@ def test_refresh_tolerance_is_inclusive():
     assert not queue.refresh(EngineLoad(0.0, 0, 1.25, 0), 2)  # moved by exactly the tolerance
     assert queue.refresh(EngineLoad(0.0, 0, 1.3, 0), 3)
     assert math.isclose(queue._refreshed_at_s, 1.3)
+
+
+def test_named_rules_refuses_an_unknown_name_listing_the_valid_ones():
+    from marsched.policy.registry import named_rules
+    with pytest.raises(ValueError) as error:
+        named_rules("fifo")
+    assert str(error.value) == "unknown policy 'fifo'; valid: vllm, infercept, sjf, preserve, discard, swap, mars"
+
+
+def test_an_fcfs_relative_threshold_needs_the_seconds_clock():
+    from marsched.policy.policy import StarvationConfig
+    with pytest.raises(ValueError) as error:
+        StarvationConfig(threshold=5, fcfs_multiple=2.0)
+    assert str(error.value) == "a threshold relative to the FCFS wait needs the seconds clock"
+
+
+def test_the_run_events_declaration_names_the_fixed_strategy_and_the_ranking_terms():
+    """The audit rebuilds the policy from these two fields (audit/declared.py, audit/keys.py)."""
+    from dataclasses import asdict
+
+    from marsched.policy.trace_fields import declaration
+    assert declaration(make_policy("preserve", COST))["fixed_strategy"] == "preserve"
+    assert declaration(make_policy("mars", COST))["fixed_strategy"] is None
+    mars = make_policy("mars", COST)
+    assert declaration(mars)["terms"] == asdict(mars.terms)

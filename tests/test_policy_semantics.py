@@ -123,3 +123,67 @@ def test_no_starvation_prevention_keeps_key_order():
         queue.push(progress, LOAD, iteration=0)
     assert queue.promote_starving(10_000, 0.0) == []
     assert queue.pop(10, 0.0).request_id == "short"
+
+
+def _three_segment(rid, second_call_s):
+    from marsched.workload import ApiCall, ApiType
+    # Context at the second call: 300 + 50 + 50 + 200 = 600 tokens.
+    return build_request(rid, 300, [(50, ApiCall(ApiType.OTHER, 1.0, 50)),
+                                    (200, ApiCall(ApiType.OTHER, second_call_s, 10)), (20, None)], 0.0)
+
+
+def test_a_later_calls_strategy_in_the_key_is_chosen_at_that_calls_context():
+    """The key's outlook picks a later call's strategy by waste at the context the request will have
+    at that call (its context at the segment start plus the segment's output), not before it."""
+    policy = make_policy("mars", COST)
+    progress = RequestProgress(_three_segment("r", 0.05), order_s=0.0)
+    policy.start_segment(progress, LOAD)
+    later = policy.outlook(progress, LOAD)[1]
+    assert later.context_tokens == 400
+    # At 600 tokens and 0.05 s preserving is the cheapest; at 200 tokens swapping would be.
+    assert later.strategy is Strategy.PRESERVE
+    assert policy._later_strategy(600, 0.05, LOAD) is Strategy.PRESERVE
+    assert policy._later_strategy(200, 0.05, LOAD) is Strategy.SWAP
+    # memory_time is the key's value and uses the load for that choice.
+    assert policy.memory_time(progress, LOAD) == policy.queue_key(progress, LOAD)
+
+
+def test_the_current_segment_has_at_least_one_token_left_to_decode():
+    policy = make_policy("mars", COST)
+    progress = RequestProgress(single("r", 0.0, 10, 5), order_s=0.0)
+    policy.start_segment(progress, LOAD)
+    progress.generated = 4
+    assert policy.outlook(progress, LOAD)[0].decode_tokens == 1
+    progress.generated = 9  # past the prediction: still one
+    assert policy.outlook(progress, LOAD)[0].decode_tokens == 1
+
+
+def test_only_keys_that_pick_later_strategies_by_waste_follow_the_running_kv():
+    for name, follows in (("mars", True), ("preserve", False), ("vllm", False)):
+        policy = make_policy(name, COST)
+        progress = RequestProgress(_three_segment("r", 0.05), order_s=0.0)
+        policy.start_segment(progress, LOAD)
+        assert policy._later_strategies_follow_load(progress) is follows, name
+
+
+def test_admitting_a_promoted_request_clears_its_promotion():
+    policy = make_policy("mars", COST, starvation="iterations", starvation_threshold=3)
+    progress = RequestProgress(single("r", 0.0, 10, 5), order_s=0.0)
+    progress.promoted = True
+    policy.protect(progress, iteration=7)
+    assert progress.promoted is False
+    assert policy.is_protected(progress, iteration=8)
+
+
+def test_remaining_area_is_the_key_forms_value():
+    import dataclasses
+
+    from marsched.policy.ranking import remaining_area, remaining_area_form
+    policy = make_policy("mars", COST)
+    progress = RequestProgress(_three_segment("r", 0.05), order_s=0.0)
+    policy.start_segment(progress, LOAD)
+    outlook = policy.outlook(progress, LOAD)
+    for iteration_s in (0.01, 0.05):
+        expected = remaining_area_form(outlook, COST, policy.terms).at(iteration_s)
+        assert remaining_area(outlook, iteration_s, COST, policy.terms) == expected
+        assert expected == policy.queue_key(progress, dataclasses.replace(LOAD, iteration_s=iteration_s))

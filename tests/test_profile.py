@@ -101,3 +101,40 @@ def test_partial_blocks_are_not_counted():
     assert profile_from_dict(data, "my.json").host_blocks == 0
     data["gpu_memory_gb"] = (6.05e9 * 2 + 29_360_000) / 0.9 / 1e9  # room for just under one block
     assert profile_from_dict(data, "my.json").device_blocks == 0
+
+
+def _measured(**fields):
+    data = _gptj()
+    for key in ("gpus", "gpu_memory_gb", "gpu_memory_utilization", "host_swap_gb"):
+        data.pop(key)
+    data.update(fields)
+    return data
+
+
+def test_a_measured_profile_takes_one_device_block_and_no_host_blocks():
+    p = profile_from_dict(_measured(device_blocks=1, host_blocks=0), "my.json")
+    assert (p.device_blocks, p.host_blocks) == (1, 0)
+
+
+@pytest.mark.parametrize("key", ["gpus", "gpu_memory_gb", "gpu_memory_utilization"])
+def test_measured_and_derived_device_capacity_together_are_refused(key):
+    data = _measured(device_blocks=10, host_blocks=0)
+    data[key] = _gptj()[key]
+    with pytest.raises(ValueError) as error:
+        profile_from_dict(data, "my.json")
+    assert str(error.value) == ("my.json: give either 'device_blocks' (measured) or 'gpus', 'gpu_memory_gb', "
+                                f"'gpu_memory_utilization' (derived), not both; found {key!r}")
+    data.update(gpus=1, gpu_memory_gb=80, gpu_memory_utilization=0.9)
+    with pytest.raises(ValueError, match="not both; found 'gpus', 'gpu_memory_gb', 'gpu_memory_utilization'"):
+        profile_from_dict(data, "my.json")
+
+
+def test_an_optional_cost_term_may_be_zero_and_is_read_in_microseconds():
+    data = _gptj()
+    data["iteration_us_per_context_token"] = 0
+    assert profile_from_dict(data, "my.json").cost.seconds_per_context_token == 0.0
+    data["iteration_us_per_context_token"] = 3.0
+    assert profile_from_dict(data, "my.json").cost.seconds_per_context_token == 3.0 / 1e6
+    data["iteration_us_per_context_token"] = -1
+    with pytest.raises(ValueError, match="field 'iteration_us_per_context_token' must be >= 0, got -1"):
+        profile_from_dict(data, "my.json")

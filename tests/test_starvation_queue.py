@@ -158,3 +158,60 @@ def test_records_name_the_starvation_variant_whatever_its_threshold():
     assert fields == {"predictor": "oracle+api:oracle", "starvation": "published", "starvation_threshold": 7,
                       "starvation_fcfs_multiple": None, "admission": "predicted-peak", "refresh_interval": 3}
     assert policy_fields(make_policy("infercept", COST))["starvation"] == "off"
+
+
+def test_promoted_lane_count_and_head_key_leave_out_promoted_requests():
+    """`promoted_waiting` counts the promoted lane; `head_key` (the trace's next score) is the best
+    key outside it, so a promoted request with a better key does not hide the ranking's head."""
+    policy = make_policy("mars", COST, starvation="iterations", starvation_threshold=3)
+    queue = WaitingQueue(policy)
+    old_a = _waiting(policy, queue, "old-a", 0.0, 10, 5, now_s=0.0)
+    old_b = _waiting(policy, queue, "old-b", 0.0, 12, 5, now_s=0.0)
+    new_short = RequestProgress(single("new-short", 0.0, 100, 50), order_s=0.0)
+    new_long = RequestProgress(single("new-long", 0.0, 1000, 500), order_s=0.0)
+    for progress in (new_short, new_long):
+        policy.start_segment(progress, _at(0.0))
+        queue.push(progress, _at(0.0), iteration=2)
+    assert queue.promoted_waiting == 0
+    assert [p.request_id for p in queue.promote_starving(3, 0.0)] == ["old-a", "old-b"]
+    assert queue.promoted_waiting == 2
+    head = queue.head_key()
+    assert head is not None
+    assert queue.pop(3, 0.0) is old_a and queue.pop(3, 0.0) is old_b
+    assert queue.promoted_waiting == 0
+    assert queue.pop(3, 0.0) is new_short
+    assert new_short.left_key == head
+
+
+def test_a_removed_request_is_skipped_and_does_not_block_promotions():
+    """`remove` (a request leaving the queue other than by pop) keeps its counter; the dead entry
+    left in the heaps neither comes out of `pop` nor stops a later request's promotion."""
+    policy = make_policy("mars", COST, starvation="iterations", starvation_threshold=3)
+    queue = WaitingQueue(policy)
+    gone = _waiting(policy, queue, "gone", 0.0, 10, 5, now_s=0.0)  # best key, oldest counter
+    stay = RequestProgress(single("stay", 0.0, 100, 50), order_s=0.0)
+    policy.start_segment(stay, _at(0.0))
+    queue.push(stay, _at(0.0), iteration=1)
+    queue.remove("gone", iteration=2, now_s=0.0)
+    assert gone.waited_iterations == 2 and "gone" not in queue
+    assert [p.request_id for p in queue.promote_starving(4, 0.0)] == ["stay"]
+    assert queue.pop(4, 0.0) is stay
+    assert queue.pop(4, 0.0) is None
+
+
+def test_a_removed_request_is_skipped_by_pop():
+    policy = make_policy("mars", COST)
+    queue = WaitingQueue(policy)
+    _waiting(policy, queue, "gone", 0.0, 10, 5, now_s=0.0)
+    stay = _waiting(policy, queue, "stay", 0.0, 100, 50, now_s=0.0)
+    queue.remove("gone", iteration=0, now_s=0.0)
+    assert queue.head_key() is not None
+    assert queue.pop(0, 0.0) is stay
+
+
+def test_an_iteration_clock_has_no_seconds_deadline():
+    policy = make_policy("mars", COST, starvation="iterations", starvation_threshold=3)
+    queue = WaitingQueue(policy)
+    _waiting(policy, queue, "r", 0.0, 10, 5, now_s=0.0)
+    assert queue.iterations_to_next_promotion(1) == 2
+    assert queue.seconds_to_next_promotion(1.0) is None

@@ -225,3 +225,35 @@ def test_ranking_time_per_iteration_follows_the_engine():
     assert taus[0] == pytest.approx(after_prefill)
     # The two decode iterations run together: 1 − 0.99² of the way to t(1).
     assert taus[1] == pytest.approx(after_prefill + (t(1) - after_prefill) * (1 - 0.99**2))
+
+
+@pytest.mark.parametrize("host_blocks, expected", [(7, "swap"), (6, "discard")])
+def test_swap_takes_a_host_exactly_as_large_as_the_context(host_blocks, expected):
+    # 104 tokens of context at the call fill 7 blocks of 16: a host of exactly 7 blocks takes them.
+    request = two_segment("S", 0.0, 100, 5, 10.0, 2, 5)
+    result = Simulator([request], small_profile(host_blocks=host_blocks), make_policy("swap", COST)).run()
+    assert result.records[0].strategies == (expected,)
+
+
+def test_each_host_full_fallback_is_traced_with_its_own_call():
+    request = build_request("S", 100, [(5, ApiCall(ApiType.OTHER, 10.0, 2)), (5, ApiCall(ApiType.OTHER, 10.0, 2)),
+                                       (5, None)], 0.0)
+    trace = Recorder()
+    Simulator([request], small_profile(host_blocks=0), make_policy("swap", COST), trace=trace).run()
+    fallbacks = [e for e in _events(trace.events, "S", "assign_strategy") if e["reason"] == "host-full"]
+    assert [e["segment"] for e in fallbacks] == [0, 1]
+    assert fallbacks[0]["context_tokens"] == 104 and fallbacks[1]["context_tokens"] > 104
+
+
+def test_calls_that_end_at_the_same_instant_return_in_the_order_they_started():
+    # A and B run in lockstep, so both calls of each end at exactly the same time as the other's.
+    requests = [build_request(rid, 20, [(5, ApiCall(ApiType.OTHER, 0.5, 2)), (5, ApiCall(ApiType.OTHER, 0.5, 0))],
+                              0.0) for rid in ("A", "B")]
+    trace = Recorder()
+    Simulator(requests, small_profile(), make_policy("preserve", COST), trace=trace).run()
+    starts = [(e["rid"], e["segment"]) for e in trace.events if e["event"] == "api_start"]
+    ends = [(e["rid"], e["segment"]) for e in trace.events if e["event"] == "api_end"]
+    assert starts == [("A", 0), ("B", 0), ("A", 1), ("B", 1)]
+    assert ends == starts
+    end_times = [e["t"] for e in trace.events if e["event"] == "api_end"]
+    assert end_times[0] == end_times[1] and end_times[2] == end_times[3]
