@@ -628,6 +628,26 @@ def test_several_swap_ins_start_in_one_step():
     assert [sim.live[rid].phase for rid in ("s1", "s2")] == [Phase.SWAPPING_IN, Phase.SWAPPING_IN]
 
 
+def test_a_step_that_admitted_a_request_before_a_stuck_swap_in_says_so():
+    # "one" (a 1-token prompt) is admitted; the next head is swapped out and its swap-in does not
+    # fit: the step must still report an admission, or it would count as settled (see below).
+    from marsched.sim.engine import Phase, SimRequest
+    policy = make_policy("swap", COST)
+    sim = _sim_with_running(policy, small_profile(device_blocks=4))
+    first = RequestProgress(single("one", 0.0, 1, 20), order_s=0.0)
+    policy.start_segment(first, sim.load())
+    sim.live["one"] = SimRequest(first)
+    sim.queue.push(first, sim.load(), sim.iteration)
+    swapped = RequestProgress(two_segment("s", 1.0, 200, 5, 1.0, 2, 5), order_s=1.0)
+    policy.start_segment(swapped, sim.load())
+    sim.live["s"] = SimRequest(swapped, phase=Phase.SWAPPED, host_blocks=7)
+    sim.host.allocate(7)
+    sim.queue.push(swapped, sim.load(), sim.iteration)
+    batch = {}
+    assert sim._admit_from_queue(batch, COST.token_budget) is True
+    assert list(batch) == ["one"] and sim.live["s"].phase is Phase.SWAPPED
+
+
 @pytest.mark.parametrize("policy_name, others", [
     ("vllm", []),  # the queue empties after it
     ("vllm", [single("big", 0.0, 60, 3)]),  # the next head does not fit in the blocks left
