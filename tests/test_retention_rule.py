@@ -25,11 +25,24 @@ def test_parse_retention(spec, mode, fixed_s):
     assert (rule.mode, rule.fixed_s, rule.limit_s) == (mode, fixed_s, 9)
 
 
-@pytest.mark.parametrize("spec", ["", "fixed", "fixed:", "fixed:0", "fixed:-1", "fixed:inf", "fixed:nan", "fixed:x",
-                                  "always", "Policy"])
+@pytest.mark.parametrize("spec", ["", "fixed", "fixed:", "always", "Policy", "always:5", "policy:5"])
 def test_bad_retention_is_named(spec):
-    with pytest.raises(ValueError, match="retention"):
+    with pytest.raises(ValueError, match=f"retention '{spec}': give policy, off or fixed:SECONDS"):
         parse_retention(spec)
+
+
+@pytest.mark.parametrize("spec", ["fixed:0", "fixed:-1", "fixed:inf", "fixed:nan", "fixed:x", "fixed:1:2"])
+def test_a_bad_fixed_time_is_named(spec):
+    with pytest.raises(ValueError, match=f"retention '{spec}': fixed:SECONDS needs a number of seconds > 0"):
+        parse_retention(spec)
+
+
+def test_times_below_a_second_are_valid():
+    assert parse_retention("fixed:0.5").fixed_s == 0.5
+    assert RetentionRule(RetentionMode.FIXED, 0.25, limit_s=0.5).limit_s == 0.5
+    for fixed_s in (0.0, -1.0):
+        with pytest.raises(ValueError, match="fixed retention needs a time > 0 s"):
+            RetentionRule(RetentionMode.FIXED, fixed_s)
 
 
 def test_the_limit_must_be_positive_and_bounds_a_fixed_time():
@@ -41,7 +54,8 @@ def test_the_limit_must_be_positive_and_bounds_a_fixed_time():
 
 def test_off_keeps_nothing_and_fixed_preserves_whatever_the_size_or_gap():
     policy = make_policy("mars", COST)
-    assert parse_retention("off").decide(policy, 5000, 0.0, load()).strategy is Strategy.DISCARD
+    off = parse_retention("off").decide(policy, 5000, 0.0, load())
+    assert (off.strategy, off.hold_s) == (Strategy.DISCARD, 0.0)
     choice = parse_retention("fixed:3", limit_s=60).decide(policy, 10**6, 10**4, load())
     assert (choice.strategy, choice.hold_s) == (Strategy.PRESERVE, 3.0)
 
