@@ -6,7 +6,7 @@ model's *text* is meaningless, but its forward pass costs what a trained model o
 shape costs, which is all a scheduling benchmark needs (the benchmark fixes every segment's
 length, so the tokens sampled do not matter).
 
-Default shape, the "small" model of /work/shared/reference/cpu-vllm-measurements.md: 4
+Default shape, a "small" model measured on a 2-core CPU with vLLM 0.32 (the CPU build): 4
 layers, hidden 512, 8 query / 2 KV heads, MLP 2048, vocabulary 32,000 (48M parameters, 2
 KiB of bf16 KV cache per token). On a 2-core CPU its steps are about 70% compute at batch 1
 (2.6 ms per decode step, 26 ms for a 512-token prefill), and a decode step pays about 0.14 µs
