@@ -143,8 +143,8 @@ class ConversationKeeper:
                 if kept.claimed_by is not None:  # the follow-up came first: it reads the device copy
                     self._drop_host(kept)
                     continue
-                blocks, kept.pinned = kept.pinned, []
-                self.pool.free_blocks(blocks)
+                blocks = kept.pinned
+                self._unpin(kept)
                 # On the host only: a later prefix lookup must not find the freed blocks.
                 self.pool.evict_blocks({b.block_id for b in blocks if b.ref_cnt == 0})
         return done > 0
@@ -155,11 +155,12 @@ class ConversationKeeper:
         """A request of `conversation` arrives: count a hit or a miss, set up a host load.
         Returns the gap since the conversation's last turn ended (None: a new conversation)."""
         end_t = self.last_end_t.get(conversation)
+        gap = None if end_t is None else now - end_t
         kept = self.kept.pop(conversation, None)
         if kept is None:
-            if end_t is not None:
+            if gap is not None:
                 self.stats.misses += 1
-            return None if end_t is None else now - end_t
+            return gap
         self.stats.hits += 1
         kept.claimed_by = rid
         self.claims[rid] = kept
@@ -173,7 +174,7 @@ class ConversationKeeper:
                 if matched > 0:
                     self.swapper.expect_load[rid] = matched
                     self.swapper.load_from[rid] = kept.host_key
-        return now - end_t if end_t is not None else None
+        return gap
 
     def scheduled(self, rid: str, reused_tokens: int) -> None:
         """The follow-up got its blocks: our references and any host copy left can go."""

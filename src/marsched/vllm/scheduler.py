@@ -752,14 +752,15 @@ class MarsSchedulerMixin:
         groups = self.kv_cache_manager.get_blocks(request.request_id).blocks
         blocks = list(groups[0]) if len(groups) == 1 else []  # one KV group: full attention
         gap_s = self._gaps.predict(tracked.tool_s)
+        load = self._load()
         if tracked.override is not None and self._retention.name == "policy":
             strategy, hold_s = tracked.override, self._retention.limit_s
         else:
-            choice = self._retention.decide(self.mars_policy, request.num_computed_tokens, gap_s, self._load())
+            choice = self._retention.decide(self.mars_policy, request.num_computed_tokens, gap_s, load)
             strategy, hold_s = choice.strategy, choice.hold_s
-        if strategy is Strategy.SWAP and not self._can_keep_on_host(request):
+        if strategy is Strategy.SWAP and not self._can_swap(request, load):
             strategy = self.mars_policy.strategy_for_gap(request.num_computed_tokens, gap_s,
-                                                         replace(self._load(), host_free_tokens=0))
+                                                         replace(load, host_free_tokens=0))
         if self._keeper.keep(tracked.conversation, request.request_id, request.all_token_ids,
                              request.num_computed_tokens, blocks, strategy, now, hold_s) is not None:
             self._arm_expiry(now)
@@ -767,9 +768,6 @@ class MarsSchedulerMixin:
     def _arm_expiry(self, now: float) -> None:
         if self._input_queue is not None:
             self._keeper.arm(now, lambda: wake_engine(self._input_queue))
-
-    def _can_keep_on_host(self, request: Request) -> bool:
-        return self._swapper is not None and self._load().host_free_tokens >= request.num_computed_tokens
 
     def _make_room_for_head(self) -> None:
         """Kept conversations give way when the head of the queue does not fit (oldest first)."""
