@@ -16,7 +16,7 @@ from marsched.metrics.trace import TraceFile, read_trace
 from marsched.policy import POLICY_NAMES, StrategyAssignment, WaitingQueue, make_policy
 from marsched.policy.policy import Order, Policy, StrategyRule
 from marsched.policy.ranking import KeyForm
-from marsched.sim.engine import Simulator
+from marsched.sim.select import make_simulator
 from simhelpers import COST, small_profile
 from test_cli import marsched
 from test_trace_consistency import _workload
@@ -27,7 +27,7 @@ STRESS = dict(device_blocks=16, host_blocks=64)
 
 def simulate(path, policy: Policy, queue: type[WaitingQueue] | None = None, **profile) -> list[dict]:
     trace = TraceFile(path)
-    sim = Simulator(_workload(), small_profile(**(profile or {"device_blocks": 20, "host_blocks": 64})), policy,
+    sim = make_simulator(_workload(), small_profile(**(profile or {"device_blocks": 20, "host_blocks": 64})), policy,
                     trace=trace)
     if queue is not None:
         sim.queue = queue(policy)

@@ -4,7 +4,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 
 from marsched.policy import POLICY_NAMES, make_policy
-from marsched.sim.engine import Simulator
+from marsched.sim.select import make_simulator
 from marsched.workload import ApiCall, ApiType, build_request
 from simhelpers import COST, small_profile
 
@@ -46,7 +46,7 @@ def test_blocks_in_use_equal_blocks_held_and_return_to_zero(workload, policy_nam
         simulator.check_invariants()
         steps.append(simulator.device.used)
 
-    simulator = Simulator(workload, profile, policy, on_step=check)
+    simulator = make_simulator(workload, profile, policy, on_step=check)
     result = simulator.run()
     assert len(result.records) == len(workload)
     assert simulator.device.used == 0 and simulator.host.used == 0

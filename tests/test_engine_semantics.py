@@ -19,6 +19,7 @@ from marsched.policy.load import EngineLoad
 from marsched.policy.policy import StarvationClock, StarvationConfig
 from marsched.policy.progress import RequestProgress
 from marsched.sim.engine import Simulator
+from marsched.sim.select import make_simulator
 from marsched.sim.profile import Profile
 from simhelpers import COST, single, small_profile, two_segment
 
@@ -44,7 +45,7 @@ class Recorder(EventTrace):
             self.watch(record)
 
 
-def _run(requests, policy, profile, watch=None, simulator=Simulator):
+def _run(requests, policy, profile, watch=None, simulator=make_simulator):
     """Run to the end; `watch(simulator, event)` is called at every event."""
     holder: dict[str, Simulator] = {}
     trace = Recorder((lambda event: watch(holder["sim"], event)) if watch else None)

@@ -10,6 +10,7 @@ from __future__ import annotations
 import pytest
 
 from marsched.policy import POLICY_NAMES, make_policy
+from marsched.policy.policy import StrategyRule
 from marsched.sim.memory import blocks_for
 from marsched.workload import ApiCall, ApiType, build_request
 from simhelpers import COST, single, small_profile
@@ -56,6 +57,8 @@ def _check(policy, profile):
     iterations = [0]
     seen = []
 
+    budgeted = policy.rule is StrategyRule.BUDGETED  # INFERCEPT's code: partial swaps within budgets
+
     def watch(sim, event):
         kind, rid = event["event"], event["rid"]
         fields = set(event) - {"event", "t", "rid"}
@@ -81,8 +84,12 @@ def _check(policy, profile):
             assert event["waiting"] == len(sim.queue) and event["next_score"] == head
             iterations[0] += event["iterations"]
             assert event["dt_s"] == pytest.approx(COST.iteration_time(event["tokens"], event["context_tokens"], event["batch"]))
-            assert event["context_tokens"] == sum(r.progress.computed_tokens for r in sim.running) + event["tokens"]
-            assert 1 <= event["batch"] <= event["tokens"]
+            if budgeted:  # requests delayed, or only swapping blocks in, are running but not computing
+                assert event["context_tokens"] <= sum(r.progress.computed_tokens for r in sim.running) + event["tokens"]
+                assert event["batch"] <= event["tokens"] and event["batch"] <= len(sim.running)
+            else:
+                assert event["context_tokens"] == sum(r.progress.computed_tokens for r in sim.running) + event["tokens"]
+                assert 1 <= event["batch"] <= event["tokens"]
             assert (event["free_blocks"], event["host_free_blocks"]) == (sim.device.free, sim.host.free)
             assert event["t"] == sim.now
             return
@@ -102,12 +109,16 @@ def _check(policy, profile):
         elif kind == "admit":
             assert event["segment"] == s["segment"]
             assert event["wait_s"] == pytest.approx(event["t"] - s["queued"])
-            if live.host_blocks:  # a swap-in: the KV comes back over the link, nothing is prefilled
+            if budgeted:  # a swap-in computes once its last blocks are back, in the same iteration
+                assert 0 <= event["prefill_tokens"] <= min(live.progress.pending_tokens, COST.token_budget)
+            elif live.host_blocks:  # a swap-in: the KV comes back over the link, nothing is prefilled
                 assert event["prefill_tokens"] == 0
             else:  # what the iteration's budget leaves of what is pending
                 assert 0 < event["prefill_tokens"] <= min(live.progress.pending_tokens, COST.token_budget)
         elif kind == "preempt":
-            assert event["segment"] == s["segment"] and event["freed_blocks"] == live.device_blocks > 0
+            # By recompute the blocks on both sides are freed; by a budgeted swap, what went to the host.
+            assert event["segment"] == s["segment"]
+            assert event["freed_blocks"] == live.device_blocks + live.host_blocks > 0
             assert event["strategy"] == (live.progress.strategy.value if live.progress.strategy else None)
             s["queued"] = event["t"]
         elif kind == "api_start":
@@ -118,6 +129,10 @@ def _check(policy, profile):
             assert event["context_tokens"] == segment.context_at_call - (0 if trailing else 1)
             assert (event["strategy"] is None) == trailing
             s.update(call_t=event["t"], call_blocks=blocks_for(segment.context_at_call - 1, 16), strategy=event["strategy"])
+        elif kind == "swap_out" and budgeted:  # blocks from the tail, a budget's worth at a time
+            assert 0 < event["blocks"] <= live.host_blocks
+        elif kind == "swap_in" and budgeted:
+            assert 0 < event["blocks"] <= live.device_blocks
         elif kind == "swap_out":
             assert event["blocks"] == s["call_blocks"]
             s["swapped_blocks"] = event["blocks"]

@@ -12,7 +12,7 @@ import pytest
 
 from marsched.metrics.trace import SCHEMA_PATH, SCHEMA_VERSION, TraceFile, read_trace
 from marsched.policy import POLICY_NAMES, make_policy
-from marsched.sim.engine import Simulator
+from marsched.sim.select import make_simulator
 from simhelpers import COST, small_profile
 from test_trace_consistency import _workload
 
@@ -21,7 +21,7 @@ def sim_trace(path, policy_name: str, **policy_options) -> list[dict]:
     """The trace file a simulator run of the mixed workload writes (as `--trace-out` would)."""
     trace = TraceFile(path)
     policy = make_policy(policy_name, COST, **policy_options)
-    Simulator(_workload(), small_profile(device_blocks=20, host_blocks=64), policy, trace=trace).run()
+    make_simulator(_workload(), small_profile(device_blocks=20, host_blocks=64), policy, trace=trace).run()
     trace.close()
     return read_trace(path)
 

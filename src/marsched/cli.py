@@ -41,6 +41,8 @@ errors = Console(stderr=True)
 POLICY_HELP = {
     "vllm": "stock vLLM: FCFS; a request leaves at its API call and queues again at the tail (discard)",
     "infercept": "INFERCEPT: FCFS by arrival; cheapest of preserve/discard/swap at the call, from the truth",
+    "infercept-code": "INFERCEPT as its published code schedules: preserve at the call, discard by chunked-recompute "
+                      "waste each iteration, swap within per-iteration block budgets (simulator only)",
     "sjf": "shortest predicted remaining tokens first; strategy fixed ahead from predictions",
     "preserve": "FCFS; always keep the KV cache on the device during a call",
     "discard": "FCFS; always free the KV cache at a call and recompute it after",

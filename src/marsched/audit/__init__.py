@@ -58,8 +58,9 @@ def audit_trace(path: str | os.PathLike[str], policy: str | None = None) -> Audi
                          (run.number,)))
     model = QueueModel(rules.starvation)
     lifecycle, memory = Lifecycle(report), Memory(report, rules)
-    checks = [RankingOrder(report, rules, model), StrategyRules(report, rules),
-              StarvationRule(report, rules, model)]
+    checks = [StrategyRules(report, rules), StarvationRule(report, rules, model)]
+    if rules.order_checked:
+        checks.append(RankingOrder(report, rules, model))
     handlers: dict[str, list] = {}
     for check in checks:
         for name in dir(check):

@@ -34,6 +34,9 @@ def audit(
     out.print(f"{trace}: {result.events} events, {result.requests} requests, engine {rules.engine}, audited as "
               f"{rules.policy} (order {rules.order.value}, strategy {rules.rule.value}, starvation "
               f"{rules.starvation.variant}); {result.seconds:.2f} s", markup=False)
+    if not rules.order_checked:
+        out.print(f"order not checked: {rules.policy} admits from two queues in passes, and a request that "
+                  "can take its blocks may pass one that cannot", markup=False)
     shown: dict[str, int] = {}
     for violation in result.violations:
         check = violation.check.value

@@ -47,6 +47,12 @@ class Declared:
     host_blocks: int
     key_policy: Policy | None  # recomputes ranking keys; None: the order's keys are times, or no cost model
 
+    @property
+    def order_checked(self) -> bool:
+        """INFERCEPT's code admits from two queues in passes and lets a request that can take its
+        blocks pass one that cannot, which the trace does not record: its order is not checked."""
+        return self.rule is not StrategyRule.BUDGETED
+
 
 def declared(path: str, run: Line, policy: str | None) -> Declared:
     """Read the `run` event; `policy` (a named policy) overrides the declared order and rule."""

@@ -23,7 +23,9 @@ _FIRST_REASONS = {
     StrategyRule.FIXED: {"fixed", "request"},
     StrategyRule.AT_CALL: {"at-call", "request"},
     StrategyRule.END_AT_CALL: {"fixed"},
+    StrategyRule.BUDGETED: {"at-call", "request"},
 }
+_AT_CALL_RULES = (StrategyRule.AT_CALL, StrategyRule.BUDGETED)  # decided when the call starts
 
 
 @dataclass(slots=True)
@@ -67,7 +69,7 @@ class StrategyRules:
                 self._violation(line, f"{strategy} assigned at t={e['t']:.6g}s, after the segment started running "
                                       f"at t={state.started.event['t']:.6g}s: {self.policy} fixes it before the "
                                       "segment's first token", state.started)
-            elif self.rule is StrategyRule.AT_CALL and reason == "at-call" and state.started is None:
+            elif self.rule in _AT_CALL_RULES and reason == "at-call" and state.started is None:
                 self._violation(line, "assigned before the segment ran: INFERCEPT decides at the call")
             if self.fixed is not None and strategy != self.fixed and reason != "request":
                 self._violation(line, f"{strategy} assigned, but {self.policy} always uses {self.fixed}")
@@ -82,13 +84,16 @@ class StrategyRules:
         elif (reason == "reconsidered" and self.rule is StrategyRule.AT_CALL and state.in_call is not None
               and before == "preserve"):
             pass  # INFERCEPT revisits a preserved call
+        elif (reason == "reconsidered" and self.rule is StrategyRule.BUDGETED and state.in_call is not None
+              and (before == "preserve" or (before, strategy) == ("swap", "discard"))):
+            pass  # INFERCEPT's code discards or swaps out a preserved call, or drops a swapped one for host room
         else:
             when = ("during its call" if state.in_call else "after its call returned" if state.returned
                     else "after a preemption" if state.preempted else "before its call")
             self._violation(line, f"strategy changed from {before} (assigned at t={first.event['t']:.6g}s, "
                                   f"{first.event['reason']}) to {strategy} ({reason}) {when}; "
                                   f"{self.policy} never changes a segment's strategy once assigned"
-                                  + (" except by reconsidering a preserved call" if self.rule is StrategyRule.AT_CALL
+                                  + (" except by reconsidering a preserved call" if self.rule in _AT_CALL_RULES
                                      else ""), first, state.preempted)
         state.assigned.append(line)
 
@@ -96,7 +101,8 @@ class StrategyRules:
         return {StrategyRule.AHEAD: "ahead of the segment, from predictions ('ahead')",
                 StrategyRule.FIXED: "one fixed strategy ('fixed')",
                 StrategyRule.AT_CALL: "at the call ('at-call')",
-                StrategyRule.END_AT_CALL: "discard at every call ('fixed')"}[self.rule]
+                StrategyRule.END_AT_CALL: "discard at every call ('fixed')",
+                StrategyRule.BUDGETED: "preserve at the call ('at-call')"}[self.rule]
 
     def on_admit(self, line: Line) -> None:
         state = self._segment(line.event)

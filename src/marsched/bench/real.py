@@ -57,7 +57,7 @@ import numpy as np
 
 from marsched.metrics.records import RequestRecord, summarize
 from marsched.policy.cost_model import CostModel
-from marsched.policy.registry import POLICY_NAMES
+from marsched.policy.registry import POLICY_NAMES, SIMULATOR_ONLY
 from marsched.sim.isolated import isolated_latency
 from marsched.workload.arrivals import poisson_arrivals
 from marsched.workload.loader import load_trace
@@ -337,6 +337,9 @@ class BenchSpec:
         for policy in self.policies:
             if policy not in POLICY_NAMES:
                 raise ValueError(f"--policies {policy}: unknown policy; valid: {', '.join(POLICY_NAMES)}")
+            if policy in SIMULATOR_ONLY:
+                raise ValueError(f"--policies {policy}: runs only in the simulator (marsched compare); "
+                                 "on vLLM use infercept")
         for flag, value, check in (("--predictor", self.predictor, lambda: parse_length_predictor(self.predictor, 0)),
                                    ("--api-estimator", self.api_estimator,
                                     lambda: parse_api_estimator(self.api_estimator))):

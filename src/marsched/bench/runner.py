@@ -14,7 +14,7 @@ from marsched.policy.registry import make_policy, starvation_variant
 from marsched.predict.api_duration import parse_api_estimator
 from marsched.predict.length import parse_length_predictor, prepare_length_predictor
 from marsched.predict.segment import SegmentPredictor
-from marsched.sim.engine import Simulator
+from marsched.sim.select import make_simulator
 from marsched.sim.profile import load_profile, scale_kv_capacity
 from marsched.workload.arrivals import poisson_arrivals
 from marsched.workload.loader import load_trace
@@ -68,7 +68,7 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
         requests = [scale_api_time(r, spec.api_time_scale) for r in requests]
     trace = TraceFile(spec.trace_out) if spec.trace_out else EventTrace()
     try:
-        result = Simulator(requests, profile, policy, trace=trace, on_progress=on_progress).run()
+        result = make_simulator(requests, profile, policy, trace=trace, on_progress=on_progress).run()
     except BaseException:
         trace.abort()
         raise

@@ -32,6 +32,9 @@ class StrategyRule(str, Enum):
     AHEAD = "ahead"  # min-waste from predictions when the segment starts; kept to the call
     AT_CALL = "at-call"  # min-waste from the actual context and call time, revisited while preserved
     END_AT_CALL = "end-at-call"  # the request leaves at the call and queues again at the tail
+    # INFERCEPT's published code: preserve at the call; every iteration discard by chunked-recompute
+    # waste and swap targets out within a per-iteration block budget (`infercept_code.py`, simulator only)
+    BUDGETED = "budgeted"
 
 
 class StarvationClock(str, Enum):
@@ -128,7 +131,7 @@ class Policy:
 
     @property
     def reconsiders_paused(self) -> bool:
-        return self.rule is StrategyRule.AT_CALL
+        return self.rule in (StrategyRule.AT_CALL, StrategyRule.BUDGETED)
 
     @property
     def keys_follow_load(self) -> bool:
@@ -159,6 +162,9 @@ class Policy:
         """The strategy for the call starting now. AHEAD and FIXED return what was fixed before."""
         if self.rule is StrategyRule.END_AT_CALL:
             progress.assign(StrategyAssignment(progress.segment_index, Strategy.DISCARD, load.now_s, 0, 0.0, "fixed"))
+        elif self.rule is StrategyRule.BUDGETED:  # every call starts preserved; the engine revisits it
+            progress.assign(StrategyAssignment(progress.segment_index, Strategy.PRESERVE, load.now_s,
+                                               progress.computed_tokens, progress.segment.api.duration_s, "at-call"))
         elif self.rule is StrategyRule.AT_CALL:
             api_s = progress.segment.api.duration_s  # INFERCEPT uses the true call time (oracle)
             strategy = self._cheapest(progress.computed_tokens, api_s, load)
@@ -169,9 +175,9 @@ class Policy:
 
     def reconsider(self, progress: RequestProgress, load: EngineLoad) -> Strategy | None:
         """For AT_CALL, while a call is preserved: a cheaper strategy given the remaining time, or None."""
-        if not self.reconsiders_paused or progress.strategy is not Strategy.PRESERVE:
+        if self.rule is not StrategyRule.AT_CALL or progress.strategy is not Strategy.PRESERVE:
             return None
-        remaining_s = self._remaining_call_s(progress, load)
+        remaining_s = self.remaining_call_s(progress, load)
         strategy = self._cheapest(progress.computed_tokens, remaining_s, load)
         if strategy is Strategy.PRESERVE:
             return None
@@ -186,7 +192,7 @@ class Policy:
         """The call was to swap but host memory has no room: the cheaper of preserve and discard."""
         index = progress.segment_index
         if self.rule is StrategyRule.AT_CALL:
-            api_s = self._remaining_call_s(progress, load)
+            api_s = self.remaining_call_s(progress, load)
         else:
             api_s = progress.predictions[index].api_duration_s
         strategy = self._cheapest(progress.computed_tokens, api_s, load, swap_allowed=False)
@@ -203,7 +209,7 @@ class Policy:
         return self._cheapest(context_tokens, gap_s, load)
 
     @staticmethod
-    def _remaining_call_s(progress: RequestProgress, load: EngineLoad) -> float:
+    def remaining_call_s(progress: RequestProgress, load: EngineLoad) -> float:
         """The true time left in the current call (INFERCEPT's oracle)."""
         return progress.segment.api.duration_s - (load.now_s - progress.api_started_s)
 

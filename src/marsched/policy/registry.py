@@ -18,6 +18,7 @@ from marsched.predict.segment import SegmentPredictor
 _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
     "vllm": (Order.FCFS_REENTRY, StrategyRule.END_AT_CALL, None, False),
     "infercept": (Order.FCFS, StrategyRule.AT_CALL, None, False),
+    "infercept-code": (Order.FCFS, StrategyRule.BUDGETED, None, False),
     "sjf": (Order.REMAINING_TOKENS, StrategyRule.AHEAD, None, False),
     "preserve": (Order.FCFS, StrategyRule.FIXED, Strategy.PRESERVE, False),
     "discard": (Order.FCFS, StrategyRule.FIXED, Strategy.DISCARD, False),
@@ -26,6 +27,9 @@ _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
 }
 
 POLICY_NAMES: tuple[str, ...] = tuple(_NAMED)
+# Policies only the simulator runs: INFERCEPT's code moves parts of a request's KV, which vLLM's
+# KV manager does not.
+SIMULATOR_ONLY: frozenset[str] = frozenset(n for n, (_, rule, _, _) in _NAMED.items() if rule is StrategyRule.BUDGETED)
 
 # Starvation prevention variants; `fcfs-wait` is MARS's default here (README, "Starvation prevention").
 STARVATION_VARIANTS: dict[str, StarvationConfig] = {

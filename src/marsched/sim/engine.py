@@ -30,7 +30,7 @@ from enum import Enum
 from marsched.metrics.records import RequestRecord
 from marsched.metrics.trace import SCHEMA_VERSION, EventTrace, event_fields
 from marsched.policy.load import EngineLoad
-from marsched.policy.policy import Policy
+from marsched.policy.policy import Policy, StrategyRule
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.queue import WaitingQueue
 from marsched.policy.trace_fields import declaration, key_basis
@@ -129,6 +129,8 @@ StepHook = Callable[["Simulator"], None]
 
 
 class Simulator:
+    _runs_budgeted = False  # whether this engine runs INFERCEPT's code (`StrategyRule.BUDGETED`)
+
     def __init__(
         self,
         requests: list[Request],
@@ -138,6 +140,8 @@ class Simulator:
         on_step: StepHook | None = None,
         on_progress: Callable[[int, int], None] | None = None,
     ) -> None:
+        if policy.rule is StrategyRule.BUDGETED and not self._runs_budgeted:
+            raise ValueError(f"policy {policy.name!r} runs on its own engine: build it with sim.select.make_simulator")
         self.profile = profile
         self.policy = policy
         self.cost = policy.cost
@@ -433,12 +437,14 @@ class Simulator:
     # --- running an iteration ---------------------------------------------------------
 
     def _run_batch(self, batch: list[tuple[SimRequest, int]], settled: bool) -> None:
-        tokens = sum(n for _, n in batch)
+        # A request that only swaps blocks in this iteration (n = 0) costs no compute.
+        computing = [(r, n) for r, n in batch if n]
+        tokens = sum(n for _, n in computing)
         # Attention reads each sequence's cached context plus its new tokens (cost_model.py).
-        context_tokens = sum(r.progress.computed_tokens + n for r, n in batch)
-        dt = self.cost.iteration_time(tokens, context_tokens, len(batch))
+        context_tokens = sum(r.progress.computed_tokens + n for r, n in computing)
+        dt = self.cost.iteration_time(tokens, context_tokens, len(computing))
         # Each decode iteration after the first reads one more token per sequence.
-        growth = self.cost.seconds_per_context_token * len(batch)
+        growth = self.cost.seconds_per_context_token * len(computing)
         iterations = 1
         if settled and len(batch) == len(self.running) and all(
             r.progress.pending_tokens == 1 for r, _ in batch
@@ -449,7 +455,7 @@ class Simulator:
         end = self.now + span
         if self.trace.enabled:
             head = self.queue.head_key()
-            self._emit("schedule", None, iterations=iterations, batch=len(batch), tokens=tokens,
+            self._emit("schedule", None, iterations=iterations, batch=len(computing), tokens=tokens,
                        context_tokens=context_tokens, dt_s=dt, span_s=span, free_blocks=self.device.free,
                        host_free_blocks=self.host.free, waiting=len(self.queue), next_score=head,
                        **self._moving_threshold())
@@ -641,5 +647,6 @@ class Simulator:
             raise AssertionError("block pool outside its capacity")
         for r in self.live.values():
             p = r.progress
-            if r.device_blocks and blocks_for(p.computed_tokens, self.block_tokens) > r.device_blocks:
-                raise AssertionError(f"{r.rid}: {p.computed_tokens} computed tokens in {r.device_blocks} blocks")
+            held = r.device_blocks + r.host_blocks if r.transfer is None else r.device_blocks
+            if r.device_blocks and blocks_for(p.computed_tokens, self.block_tokens) > held:
+                raise AssertionError(f"{r.rid}: {p.computed_tokens} computed tokens in {held} blocks")
