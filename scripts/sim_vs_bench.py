@@ -21,7 +21,7 @@ from marsched.bench.real import bench_requests
 from marsched.bench.runner import RunSpec
 from marsched.metrics.records import summarize
 from marsched.predict.length import prepare_length_predictor
-from marsched.sim.engine import Simulator
+from marsched.sim.select import make_simulator
 from marsched.workload.loader import load_trace
 
 
@@ -45,7 +45,7 @@ def simulate_point(record: dict, profile_path: str) -> dict:
     # The bench's stream, cut where the bench cut it (`--max-requests`): it ran `num_requests`.
     requests = bench_requests(templates, record["qps"], record["duration_s"], record["seed"], record["token_scale"],
                               kv["max_model_len"], record["api_time_scale"], record["num_requests"])
-    result = Simulator(requests, profile, policy).run()
+    result = make_simulator(requests, profile, policy).run()
     return summarize(result.records)
 
 
