@@ -22,9 +22,10 @@ Besides the bundled profile, the sweep runs variants that change one cost each, 
 costs move the curve toward the published one; each override carries its source, and an
 override fitted to the published curve says so.
 
-Usage (about 15 minutes on 2 cores):
-    PYTHONPATH=src python scripts/infercept_curve.py [--duration 1800] [--workers 2]
-Writes results/infercept-curve.json and results/infercept-curve.png.
+Usage (about 20 minutes on 2 cores; the bundled profile over three seeds, 3 minutes):
+    .venv/bin/python scripts/infercept_curve.py [--duration 1800] [--workers 2]
+    .venv/bin/python scripts/infercept_curve.py --variants bundled --seeds 0,1,2 --out results/infercept-curve-seeds
+Writes OUT.json and OUT.png (default results/infercept-curve).
 """
 
 from __future__ import annotations
@@ -40,7 +41,9 @@ from pathlib import Path
 from marsched.bench.runner import RunSpec, run_grid
 
 ROOT = Path(__file__).resolve().parent.parent
-POLICIES = ("vllm", "preserve", "infercept")
+# `infercept` decides as the INFERCEPT paper describes; `infercept-code` as the code that measured the
+# published curve (`marsched.policy.infercept_code`). Both are compared with the published INFERCEPT curve.
+POLICIES = ("vllm", "preserve", "infercept", "infercept-code")
 QPS = (1.0, 1.2, 1.4, 1.5, 1.6, 1.8, 2.0, 2.2, 2.5, 3.0, 3.5, 4.0)
 FACTORS = (2.0, 5.0)
 
@@ -52,6 +55,7 @@ PUBLISHED = {
     "preserve": [(1.0, 19), (1.2, 20), (1.5, 27), (1.8, 211), (2.0, 352)],
     "infercept": [(1.0, 19), (1.2, 20), (1.5, 30), (1.8, 49), (2.0, 113), (2.5, 425)],
 }
+PUBLISHED["infercept-code"] = PUBLISHED["infercept"]
 
 # Variants of the bundled profile: (name, overrides, why). Each changes the engine's costs only;
 # together they show how much of the published curve each cost explains.
@@ -108,7 +112,7 @@ def _plot(result: dict, path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    colors = {"vllm": "tab:red", "preserve": "tab:orange", "infercept": "tab:green"}
+    colors = {"vllm": "tab:red", "preserve": "tab:orange", "infercept": "tab:green", "infercept-code": "tab:blue"}
     count = len(result["variants"])
     columns, rows = min(count, 2), (count + 1) // 2
     fig, axes = plt.subplots(rows, columns, figsize=(6 * columns, 4 * rows), sharey=True, squeeze=False)
@@ -116,8 +120,9 @@ def _plot(result: dict, path: Path) -> None:
     for ax, (name, variant) in zip(axes, result["variants"].items()):
         for policy in POLICIES:
             pub = PUBLISHED[policy]
-            ax.plot([q for q, _ in pub], [v for _, v in pub], "--", color=colors[policy], alpha=0.6,
-                    label=f"{policy} (published)")
+            if policy != "infercept-code":  # the same published curve as infercept
+                ax.plot([q for q, _ in pub], [v for _, v in pub], "--", color=colors[policy], alpha=0.6,
+                        label=f"{policy} (published)")
             sim = variant["curves"][policy]
             ax.plot([p["qps"] for p in sim], [p["norm_ms_per_token"] for p in sim], "o-", color=colors[policy],
                     label=f"{policy} (simulated)")
@@ -137,82 +142,105 @@ def _plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
+def _sweep(args, paths: dict[str, str], chosen: list[str], seeds: list[int]) -> list[dict]:
+    """Every (variant, policy, seed) over the rates, each stopped once it has left the plot."""
+    records: list[dict] = []
+    active = [(v, p, seed) for v in chosen for p in POLICIES for seed in seeds]
+    light: dict[tuple, float] = {}
+    for qps in sorted(float(q) for q in args.qps.split(",")):
+        specs = [RunSpec(policy=p, qps=qps, trace="multi", profile=paths[v], duration_s=args.duration, seed=seed)
+                 for v, p, seed in active]
+        done = run_grid(specs, workers=args.workers)
+        for key, record in zip(active, done):
+            norm = record["norm_latency_mean_s_per_token"]
+            print(f"  {key[0]} {key[1]} seed {key[2]} {qps:g}: {1000 * norm:.1f} ms/token", file=sys.stderr, flush=True)
+            light.setdefault(key, norm)
+        records += done
+        # Past the cliff, more points cost minutes each (queues grow without end) and say nothing new.
+        active = [k for k, r in zip(active, done) if r["norm_latency_mean_s_per_token"] <= STOP_FACTOR * light[k]]
+        if not active:
+            break
+    return records
+
+
+def _variant_result(records: list[dict], name: str, overrides: dict, why: str, seeds: list[int],
+                    published_knees: dict) -> dict:
+    curves, knees_by_seed = {}, {}
+    for policy in POLICIES:
+        mine = [r for r in records if r["profile"] == f"gptj-6b-a100:{name}" and r["policy"] == policy]
+        by_seed = {seed: sorted((r["qps"], 1000 * r["norm_latency_mean_s_per_token"]) for r in mine if r["seed"] == seed)
+                   for seed in seeds}
+        knees_by_seed[policy] = {str(seed): knees(points) for seed, points in by_seed.items()}
+        # The mean curve over the rates every seed reached.
+        rates = sorted(set.intersection(*(set(q for q, _ in points) for points in by_seed.values())))
+        curves[policy] = []
+        for qps in rates:
+            at = [r for r in mine if r["qps"] == qps]
+            curves[policy].append({
+                "qps": qps, "norm_ms_per_token": sum(1000 * r["norm_latency_mean_s_per_token"] for r in at) / len(at),
+                "e2e_mean_s": sum(r["e2e_mean_s"] for r in at) / len(at), "preemptions": sum(r["preemptions"] for r in at),
+                "strategy_counts": [r["strategy_counts"] for r in at], "num_finished": sum(r["num_finished"] for r in at),
+            })
+    variant = {"overrides": overrides, "source": why, "curves": curves, "knees": {}, "knees_by_seed": knees_by_seed,
+               "vs_published": {}}
+    for policy in POLICIES:
+        points = [(p["qps"], p["norm_ms_per_token"]) for p in curves[policy]]
+        variant["knees"][policy] = knees(points)
+        light, published_light = dict(points).get(1.0), dict(PUBLISHED[policy])[1.0]
+        compare = {"light_ratio": light / published_light if light else None}
+        for factor, knee in variant["knees"][policy].items():
+            pub = published_knees[policy][factor]
+            compare[f"knee_{factor}_ratio"] = knee / pub if knee and pub else None
+            per_seed = [k[factor] / pub for k in knees_by_seed[policy].values() if k[factor] and pub]
+            compare[f"knee_{factor}_ratio_seeds"] = [min(per_seed), max(per_seed)] if per_seed else None
+        variant["vs_published"][policy] = compare
+    return variant
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--duration", type=float, default=1800.0,
                         help="seconds of arrivals (INFERCEPT's window is 1,800 s)")
-    parser.add_argument("--seed", type=int, default=0)
+    parser.add_argument("--seeds", default="0",
+                        help="comma-separated seeds: curves are the mean over them, knees given per seed too")
     parser.add_argument("--workers", type=int, default=2)
     parser.add_argument("--qps", default=",".join(f"{q:g}" for q in QPS))
     parser.add_argument("--variants", default=",".join(name for name, _, _ in VARIANTS))
     parser.add_argument("--out", default=str(ROOT / "results" / "infercept-curve"))
     args = parser.parse_args(argv)
-    qps_values = [float(q) for q in args.qps.split(",")]
+    seeds = [int(seed) for seed in args.seeds.split(",")]
     chosen = args.variants.split(",")
+    unknown = set(chosen) - {name for name, _, _ in VARIANTS}
+    if unknown:
+        parser.error(f"--variants: unknown {', '.join(sorted(unknown))}; valid: {', '.join(n for n, _, _ in VARIANTS)}")
     warnings.simplefilter("ignore")  # the trace's 4 negative return lengths, read as 0 as INFERCEPT does
-    records: list[dict] = []
     with tempfile.TemporaryDirectory() as tmp:
-        paths = _variant_profiles(Path(tmp))
-        active = [(v, p) for v in chosen for p in POLICIES]
-        light: dict[tuple[str, str], float] = {}
-        for qps in sorted(qps_values):
-            specs = [RunSpec(policy=p, qps=qps, trace="multi", profile=paths[v], duration_s=args.duration,
-                             seed=args.seed) for v, p in active]
-            done = run_grid(specs, workers=args.workers)
-            for (variant, policy), record in zip(active, done):
-                norm = record["norm_latency_mean_s_per_token"]
-                print(f"  {variant} {policy} {qps:g}: {1000 * norm:.1f} ms/token", file=sys.stderr, flush=True)
-                light.setdefault((variant, policy), norm)
-            records += done
-            # Past the cliff, more points cost minutes each (queues grow without end) and say nothing new.
-            active = [(v, p) for (v, p), r in zip(active, done)
-                      if r["norm_latency_mean_s_per_token"] <= STOP_FACTOR * light[(v, p)]]
-            if not active:
-                break
+        records = _sweep(args, _variant_profiles(Path(tmp)), chosen, seeds)
     published_knees = {p: knees(PUBLISHED[p]) for p in POLICIES}
     result = {
         "published": {"source": PUBLISHED_SOURCE, "curves": PUBLISHED, "knees": published_knees},
         "knee_definition": "first rate at which mean normalized latency exceeds factor x its value at 1 req/s, "
                            "linear between measured rates",
-        "sweep": f"rates {qps_values}; a policy stops after its first rate above {STOP_FACTOR:g}x its light load",
-        "duration_s": args.duration, "seed": args.seed, "trace": "multi",
-        "variants": {},
+        "sweep": f"rates {args.qps}; a policy stops after its first rate above {STOP_FACTOR:g}x its light load",
+        "duration_s": args.duration, "seeds": seeds, "trace": "multi",
+        "variants": {name: _variant_result(records, name, overrides, why, seeds, published_knees)
+                     for name, overrides, why in VARIANTS if name in chosen},
     }
-    for name, overrides, why in VARIANTS:
-        if name not in chosen:
-            continue
-        curves = {}
-        for policy in POLICIES:
-            curves[policy] = [
-                {"qps": r["qps"], "norm_ms_per_token": 1000 * r["norm_latency_mean_s_per_token"],
-                 "e2e_mean_s": r["e2e_mean_s"], "preemptions": r["preemptions"],
-                 "strategy_counts": r["strategy_counts"], "num_finished": r["num_finished"]}
-                for r in records if r["profile"] == f"gptj-6b-a100:{name}" and r["policy"] == policy
-            ]
-        variant = {"overrides": overrides, "source": why, "curves": curves, "knees": {}, "vs_published": {}}
-        for policy in POLICIES:
-            points = [(p["qps"], p["norm_ms_per_token"]) for p in curves[policy]]
-            variant["knees"][policy] = knees(points)
-            light, published_light = dict(points).get(1.0), dict(PUBLISHED[policy])[1.0]
-            compare = {"light_ratio": light / published_light if light else None}
-            for factor, knee in variant["knees"][policy].items():
-                pub = published_knees[policy][factor]
-                compare[f"knee_{factor}_ratio"] = knee / pub if knee and pub else None
-            variant["vs_published"][policy] = compare
-        result["variants"][name] = variant
     out = Path(args.out)
     out.parent.mkdir(parents=True, exist_ok=True)
     out.with_suffix(".json").write_text(json.dumps(result, indent=2) + "\n")
     _plot(result, out.with_suffix(".png"))
     print("published knees (2x / 5x):", {p: {k: round(v, 2) for k, v in d.items()} for p, d in published_knees.items()})
+    fmt = lambda x: "none" if x is None else f"{x:.2f}"  # noqa: E731
     for name, variant in result["variants"].items():
         print(f"\n{name}:")
         for policy in POLICIES:
             k, c = variant["knees"][policy], variant["vs_published"][policy]
-            fmt = lambda x: "none" if x is None else f"{x:.2f}"  # noqa: E731
-            print(f"  {policy:9s} light {c['light_ratio'] and c['light_ratio'] * dict(PUBLISHED[policy])[1.0]:.1f} "
-                  f"ms/tok (x{fmt(c['light_ratio'])}), knee 2x {fmt(k['2x'])} (x{fmt(c['knee_2x_ratio'])}), "
-                  f"knee 5x {fmt(k['5x'])} (x{fmt(c['knee_5x_ratio'])})")
+            seeds_2x = c["knee_2x_ratio_seeds"]
+            spread = f", seeds x{seeds_2x[0]:.2f}-{seeds_2x[1]:.2f}" if seeds_2x and len(seeds) > 1 else ""
+            light = c["light_ratio"] and c["light_ratio"] * dict(PUBLISHED[policy])[1.0]
+            print(f"  {policy:14s} light {fmt(light)} ms/tok (x{fmt(c['light_ratio'])}), knee 2x {fmt(k['2x'])} "
+                  f"(x{fmt(c['knee_2x_ratio'])}{spread}), knee 5x {fmt(k['5x'])} (x{fmt(c['knee_5x_ratio'])})")
     print(f"\nwrote {out.with_suffix('.json')} and {out.with_suffix('.png')}")
     return 0
 

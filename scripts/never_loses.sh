@@ -1,6 +1,7 @@
 #!/usr/bin/env bash
-# MARS against INFERCEPT and stock vLLM on the three bundled traces, light load to past
-# saturation, with the starvation/admission ablation and noisy predictions. Writes
+# MARS against INFERCEPT (the paper's rule, and its published code: infercept-code) and stock vLLM
+# on the three bundled traces, light load to past saturation, with the starvation/admission
+# ablation and noisy predictions. Writes
 # results/never-loses/*.json; scripts/never_loses_tables.py turns them into the README's tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -12,6 +13,7 @@ for trace in single multi agent; do
   qps=${loads[$trace]}
   $m compare --trace "$trace" --policies vllm,infercept,mars --qps "$qps" --json "$out/$trace-main.json" \
     --plot "$out/$trace-main.png" >/dev/null
+  $m compare --trace "$trace" --policies infercept-code --qps "$qps" --json "$out/$trace-infercept-code.json" >/dev/null
   for sigma in 0.3 0.6; do
     $m compare --trace "$trace" --policies mars --predictor "noisy:$sigma" --qps "$qps" --json "$out/$trace-noisy$sigma.json" >/dev/null
   done

@@ -42,6 +42,25 @@ def main_table(trace: str) -> None:
         print("| " + " | ".join(cells) + " |")
 
 
+def code_table(traces: list[str]) -> None:
+    """MARS and the paper-rule `infercept` against INFERCEPT's code (`infercept-code`), per trace and qps."""
+    rows = []
+    for trace in traces:
+        main, code = _load(f"{trace}-main"), _by(_load(f"{trace}-infercept-code"), "infercept-code")
+        infercept, mars = _by(main, "infercept"), _by(main, "mars")
+        for qps in sorted(code):
+            c, i, m = code[qps], infercept.get(qps), mars.get(qps)
+            if i is None or m is None:
+                continue
+            rows.append(f"| {trace} | {qps:g} | {c['e2e_mean_s']:.1f} / {c['e2e_p99_s']:.0f} | "
+                        f"{i['e2e_mean_s'] / c['e2e_mean_s']:.2f}, {i['e2e_p99_s'] / c['e2e_p99_s']:.2f} | "
+                        f"{m['e2e_mean_s'] / c['e2e_mean_s']:.2f}, {m['e2e_p99_s'] / c['e2e_p99_s']:.2f} |")
+    if rows:
+        print("\n| trace | qps | infercept-code mean / p99 s | infercept / code: mean, p99 | mars / code: mean, p99 |")
+        print("| --- | --- | --- | --- | --- |")
+        print("\n".join(rows))
+
+
 def ablation_table(trace: str) -> None:
     infercept = _by(_load(f"{trace}-main"), "infercept")
     variants = [("fcfs-wait + predicted-peak (default)", f"{trace}-main"), ("age + predicted-peak", f"{trace}-age"),
@@ -137,6 +156,7 @@ if __name__ == "__main__":
     traces = sys.argv[1:] or ["single", "multi", "agent"]
     for trace in traces:
         main_table(trace)
+    code_table(traces)
     for trace in traces:
         ablation_table(trace)
     frontier_table(traces)

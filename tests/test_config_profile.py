@@ -149,3 +149,10 @@ def test_calibrate_refuses_a_missing_model_and_an_existing_out(tmp_path):
     (tmp_path / "p.json").write_text("{}")
     result = CliRunner().invoke(app, ["calibrate", "--model", str(tmp_path), "--out", str(tmp_path / "p.json")])
     assert result.exit_code == 2 and "exists; add --force" in " ".join(result.output.split())
+
+
+def test_the_simulator_only_policy_is_refused_in_vllm_and_by_bench():
+    with pytest.raises(ValueError, match="infercept-code runs only in the simulator"):
+        MarsConfig(policy="infercept-code")
+    with pytest.raises(ValueError, match="--policies infercept-code: runs only in the simulator"):
+        BenchSpec("model", policies=("vllm", "infercept-code")).check()

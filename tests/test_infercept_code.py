@@ -1,0 +1,132 @@
+"""`infercept-code`: INFERCEPT as its published code schedules (WukLab/InferCept@3a1a4da
+`vllm/core/scheduler_v2.py`): the formulas, and the engine's passes, budgets and evictions."""
+
+from __future__ import annotations
+
+import pytest
+
+from marsched.policy import CostModel, make_policy
+from marsched.policy.infercept_code import (
+    GPTJ_6B_SWAP_FIT, PausedWaste, SwapBudgetFit, SwapBudgets, chunked_discard_waste, discard_and_targets,
+    recompute_chunk_tokens, swap_budgets,
+)
+from marsched.sim.engine import Simulator
+from marsched.sim.select import make_simulator
+from simhelpers import COST, single, small_profile, two_segment
+
+INFERCEPT_6B = CostModel(seconds_per_token=0.0463e-3, seconds_per_iteration=0.010, token_budget=384,
+                         swap_tokens_per_s=1e6)
+
+
+# --- formulas ---------------------------------------------------------------------------
+
+def test_swap_budgets_are_the_codes_for_gptj_with_64_token_blocks():
+    # The reference notes: with B = 64 and F = 0, 1 block in and 7 out per iteration for 6B, 0 and 5 for 13B.
+    assert swap_budgets(0, 384, 64) == SwapBudgets(1, 7)
+    assert swap_budgets(0, 384, 64, SwapBudgetFit(alpha=-0.3297119141, offset_tokens=93.994140625)) == SwapBudgets(0, 5)
+    # Swapping out stops once about 860 tokens are free; swapping in grows with free memory.
+    assert swap_budgets(832, 384, 64).out_blocks == 1
+    assert swap_budgets(896, 384, 64).out_blocks == 0
+    assert swap_budgets(100_000, 384, 64) == SwapBudgets((0.00462 * 384 + 108.99 + 50_000) // 64, 0)
+
+
+def test_the_recompute_chunk_is_what_the_running_batch_leaves_of_the_budget():
+    assert recompute_chunk_tokens(384, 84) == 300
+    assert recompute_chunk_tokens(384, 384) == 1
+    assert recompute_chunk_tokens(384, 1000) == 1
+
+
+def test_chunked_discard_waste_by_hand():
+    # L = 1000 tokens in chunks of 300: n = 3 full chunks and a rest of 100; R = 2000 running tokens.
+    full = 0.010 + 0.0463e-3 * 384
+    expected = full * 300 * 3 * 4 / 2 + 0.0463e-3 * 300 * 3 * 2000 + 0.0463e-3 * 100 * (2000 + 100)
+    assert chunked_discard_waste(1000, 300, 2000, INFERCEPT_6B) == pytest.approx(expected)
+    # An exact multiple leaves no rest: n = 1.
+    assert chunked_discard_waste(600, 300, 0, INFERCEPT_6B) == pytest.approx(full * 300)
+    # A saturated batch (chunks of 1 token) makes a discard cost more than keeping the context through
+    # a 10 s call, and 50 times what it costs with 300-token chunks.
+    saturated = chunked_discard_waste(1000, 1, 2000, INFERCEPT_6B)
+    assert saturated > 1000 * 10 and saturated > 50 * chunked_discard_waste(1000, 300, 2000, INFERCEPT_6B)
+
+
+def test_all_cheaper_candidates_but_the_costliest_are_discarded_and_it_becomes_the_target():
+    wastes = [PausedWaste("a", 50, 10), PausedWaste("b", 50, 30), PausedWaste("c", 20, 40), PausedWaste("d", -5, 1)]
+    assert discard_and_targets(wastes) == (["a"], ["b"])  # c is cheaper kept; d overran its call: kept
+    assert discard_and_targets([PausedWaste("a", 50, 10)]) == ([], ["a"])  # a lone candidate is only a target
+    assert discard_and_targets([PausedWaste("a", 50, 30), PausedWaste("b", 60, 30)]) == ([], ["a", "b"])
+    assert discard_and_targets([PausedWaste("a", 5, 10)]) == ([], [])
+
+
+# --- the engine ---------------------------------------------------------------------------
+
+def _run(requests, profile, **kwargs):
+    states = []
+
+    def step(sim):
+        sim.check_invariants()
+        states.append({r.rid: (r.phase.value, r.device_blocks, r.host_blocks, r.progress.computed_tokens)
+                       for r in sim.live.values()})
+
+    sim = make_simulator(requests, profile, make_policy("infercept-code", COST), on_step=step, **kwargs)
+    result = sim.run()
+    assert len(result.records) == len(requests) and sim.device.used == 0 and sim.host.used == 0
+    return sim, {r.request_id: r for r in result.records}, states
+
+
+def _target_and_newcomer():
+    """A pauses for 5 s holding 5 blocks of a 12-block device; C then needs 11 blocks."""
+    return [two_segment("A", 0.0, 64, 8, 5.0, 4, 8), single("C", 0.3, 150, 20)]
+
+
+def test_a_preserved_call_cheaper_to_discard_is_preserved_while_the_running_batch_fills_the_budget():
+    calls = [two_segment("A", 0.0, 40, 8, 0.5, 4, 8), two_segment("B", 0.0, 80, 8, 0.5, 4, 8)]
+    _, idle, _ = _run(calls, small_profile(device_blocks=2000))
+    assert {idle["A"].strategies, idle["B"].strategies} == {("discard",), ("preserve",)}
+    # A 6,000-token prompt keeps the batch's pending tokens above the budget for the whole call.
+    _, busy, _ = _run(calls + [single("T", 0.001, 6000, 2)], small_profile(device_blocks=2000))
+    assert busy["A"].strategies == busy["B"].strategies == ("preserve",)
+
+
+def test_a_shortfall_swaps_blocks_out_from_the_tail_of_the_target_and_they_come_back_before_it_computes():
+    sim, records, states = _run(_target_and_newcomer(), small_profile(device_blocks=12, host_blocks=64))
+    partial = [s["A"] for s in states if "A" in s and s["A"][0] == "paused" and s["A"][1] and s["A"][2]]
+    assert partial, "the target never held blocks on both sides"
+    assert sim.swapped_out_blocks == sim.swapped_in_blocks > 0
+    assert records["A"].strategies == ("preserve",) and records["C"].preemptions == 0
+    for before, after in zip(states, states[1:]):  # no token is computed while blocks are still on the host
+        if "A" in before and "A" in after and after["A"][3] > before["A"][3]:
+            assert after["A"][2] == 0
+    assert records["C"].ttft_s < 0.5  # C did not wait for A's call
+
+
+def test_a_shortfall_above_the_swap_out_budget_delays_the_request_instead():
+    # This fit gives at most one block out, none once 24 tokens are free; C is short of a block with 112 free.
+    tight = SwapBudgetFit(alpha=0.0, offset_tokens=-100.0)
+    sim, records, _ = _run(_target_and_newcomer(), small_profile(device_blocks=12, host_blocks=64), swap_fit=tight)
+    assert sim.swapped_out_blocks == 0
+    assert records["C"].first_token_s > 5.0  # it waited for A's call to return and free its blocks
+
+
+def test_a_target_swapped_out_whole_becomes_a_swap_and_returns_to_a_recompute_when_nothing_waits():
+    requests = [two_segment("A", 0.0, 64, 8, 1.0, 4, 8), single("C", 0.3, 176, 15)]
+    sim, records, states = _run(requests, small_profile(device_blocks=12, host_blocks=64))
+    assert any(s.get("A", ("",))[0] == "paused" and s["A"][1:3] == (0, 5) for s in states)
+    assert records["A"].strategies == ("swap",)
+    # Its call returned with the queue empty: the oldest swapped request is recomputed, not swapped in.
+    assert records["A"].preemptions == 1 and sim.swapped_in_blocks == 0
+
+
+def test_with_the_host_full_the_target_is_discarded():
+    sim, records, _ = _run(_target_and_newcomer(), small_profile(device_blocks=12, host_blocks=2))
+    assert records["A"].strategies == ("discard",)
+    assert records["C"].preemptions == 0
+
+
+def test_the_plain_simulator_refuses_the_policy():
+    with pytest.raises(ValueError, match="infercept-code.*make_simulator"):
+        Simulator(_target_and_newcomer(), small_profile(), make_policy("infercept-code", COST))
+
+
+def test_gptj_fit_is_the_default():
+    sim = make_simulator(_target_and_newcomer(), small_profile(), make_policy("infercept-code", COST))
+    assert sim.swap_fit == GPTJ_6B_SWAP_FIT
