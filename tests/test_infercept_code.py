@@ -3,6 +3,8 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import pytest
 
 from marsched.policy import CostModel, make_policy
@@ -59,7 +61,7 @@ def test_all_cheaper_candidates_but_the_costliest_are_discarded_and_it_becomes_t
 
 # --- the engine ---------------------------------------------------------------------------
 
-def _run(requests, profile, **kwargs):
+def _run(requests, profile, cost=COST, **kwargs):
     states = []
 
     def step(sim):
@@ -67,7 +69,7 @@ def _run(requests, profile, **kwargs):
         states.append({r.rid: (r.phase.value, r.device_blocks, r.host_blocks, r.progress.computed_tokens)
                        for r in sim.live.values()})
 
-    sim = make_simulator(requests, profile, make_policy("infercept-code", COST), on_step=step, **kwargs)
+    sim = make_simulator(requests, profile, make_policy("infercept-code", cost), on_step=step, **kwargs)
     result = sim.run()
     assert len(result.records) == len(requests) and sim.device.used == 0 and sim.host.used == 0
     return sim, {r.request_id: r for r in result.records}, states
@@ -88,15 +90,21 @@ def test_a_preserved_call_cheaper_to_discard_is_preserved_while_the_running_batc
 
 
 def test_a_shortfall_swaps_blocks_out_from_the_tail_of_the_target_and_they_come_back_before_it_computes():
-    sim, records, states = _run(_target_and_newcomer(), small_profile(device_blocks=12, host_blocks=64))
+    # A budget of 384 tokens and this fit give 16 blocks out when C is short, 1 block in when A returns.
+    cost = dataclasses.replace(COST, token_budget=384)
+    fit = SwapBudgetFit(alpha=0.0, offset_tokens=-64.0)
+    sim, records, states = _run(_target_and_newcomer(), small_profile(device_blocks=12, host_blocks=64), cost,
+                                swap_fit=fit)
     partial = [s["A"] for s in states if "A" in s and s["A"][0] == "paused" and s["A"][1] and s["A"][2]]
     assert partial, "the target never held blocks on both sides"
-    assert sim.swapped_out_blocks == sim.swapped_in_blocks > 0
+    assert sim.swapped_out_blocks == sim.swapped_in_blocks == 4
     assert records["A"].strategies == ("preserve",) and records["C"].preemptions == 0
-    for before, after in zip(states, states[1:]):  # no token is computed while blocks are still on the host
+    assert records["C"].ttft_s < 0.5  # C did not wait for A's call
+    returning = [s["A"] for s in states if "A" in s and s["A"][0] == "running" and s["A"][2]]
+    assert len(returning) == 3  # back a block per iteration: 3 iterations with blocks still on the host
+    for before, after in zip(states, states[1:]):  # and no token computed meanwhile
         if "A" in before and "A" in after and after["A"][3] > before["A"][3]:
             assert after["A"][2] == 0
-    assert records["C"].ttft_s < 0.5  # C did not wait for A's call
 
 
 def test_a_shortfall_above_the_swap_out_budget_delays_the_request_instead():
@@ -130,3 +138,33 @@ def test_the_plain_simulator_refuses_the_policy():
 def test_gptj_fit_is_the_default():
     sim = make_simulator(_target_and_newcomer(), small_profile(), make_policy("infercept-code", COST))
     assert sim.swap_fit == GPTJ_6B_SWAP_FIT
+
+
+def test_a_fit_with_no_swap_in_budget_still_brings_the_blocks_back_a_block_at_a_time():
+    cost = dataclasses.replace(COST, token_budget=384)
+    none_in = SwapBudgetFit(alpha=0.0, offset_tokens=-200.0)  # (F/2 − 200) // 16: nothing in below 400 free tokens
+    assert swap_budgets(12 * 16, 384, 16, none_in).in_blocks == 0
+    sim, records, _ = _run(_target_and_newcomer(), small_profile(device_blocks=12, host_blocks=64), cost,
+                           swap_fit=none_in)
+    assert sim.swapped_out_blocks == sim.swapped_in_blocks > 0
+
+
+def test_a_running_request_short_of_more_blocks_than_the_budget_waits_and_a_stall_lifts_the_budget():
+    no_out = SwapBudgetFit(alpha=0.0, offset_tokens=-120.0)  # nothing out at any free memory
+    requests = [two_segment("A", 0.0, 64, 8, 5.0, 4, 8), single("C", 0.3, 96, 40)]
+    sim, records, states = _run(requests, small_profile(device_blocks=12, host_blocks=64), swap_fit=no_out)
+    # C outgrows the free blocks while A's call runs: it waits (running, not preempted) for A's return.
+    assert any(s.get("C", ("",))[0] == "running" and s["A"][0] == "paused" for s in states)
+    assert records["C"].finish_s > 5.0
+    # Then both need blocks, none are free, nothing is due: the budget is lifted and C swaps out.
+    assert records["C"].preemptions == 1 and sim.swapped_out_blocks == sim.swapped_in_blocks > 0
+
+
+def test_with_the_host_full_a_swapped_call_is_discarded_to_make_room_for_the_next_target():
+    requests = [two_segment("B", 0.0, 64, 8, 10.0, 4, 8), single("C", 0.2, 176, 15),
+                two_segment("A", 1.0, 64, 8, 5.0, 4, 8), single("D", 1.3, 150, 10)]
+    sim, records, states = _run(requests, small_profile(device_blocks=12, host_blocks=6))
+    assert any(s.get("B", ("",))[0] == "paused" and s["B"][1:3] == (0, 5) for s in states)  # B went out whole
+    assert records["B"].strategies == ("discard",)  # then made room on the host for A's blocks
+    assert records["A"].strategies == ("preserve",) and sim.swapped_out_blocks > 5
+    assert records["C"].preemptions == records["D"].preemptions == 0

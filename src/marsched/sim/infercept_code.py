@@ -20,12 +20,15 @@ The formulas are in `policy/infercept_code.py`; this is the engine side of WukLa
 A request whose blocks are partly on the host swaps them in within the swap-in budget and
 computes only once all are back. Swaps are part of the iteration (the code overlaps them
 with the forward pass layer by layer), so they take no link time here; the budgets are what
-limit them. Differences from the code, all of bookkeeping: the per-sequence-count limit
+limit them; the swap-in budget is at least one block (see `_reconsider_paused`). Other
+differences from the code, all of bookkeeping: the per-sequence-count limit
 (dead in the code) is not modelled, and a request's prompt longer than the model's limit
 cannot occur (traces are checked on loading).
 """
 
 from __future__ import annotations
+
+import math
 
 from marsched.policy.infercept_code import (
     GPTJ_6B_SWAP_FIT, PausedWaste, SwapBudgetFit, SwapBudgets, chunked_discard_waste, discard_and_targets,
@@ -53,8 +56,11 @@ class InferceptCodeSimulator(Simulator):
     # --- each iteration, before the batch ----------------------------------------------
 
     def _reconsider_paused(self) -> None:
-        self.budgets = swap_budgets(self.device.free * self.block_tokens, self.cost.token_budget,
-                                    self.block_tokens, self.swap_fit)
+        budgets = swap_budgets(self.device.free * self.block_tokens, self.cost.token_budget, self.block_tokens,
+                               self.swap_fit)
+        # At least a block in, so that KV on the host can always come back: GPT-J's fit never gives
+        # less with its 64-token blocks, a profile with larger blocks could, and the engine would stall.
+        self.budgets = SwapBudgets(max(budgets.in_blocks, 1), budgets.out_blocks)
         self._active_discard()
         self.targets = self._price_paused()
 
@@ -84,15 +90,24 @@ class InferceptCodeSimulator(Simulator):
     # --- the batch -----------------------------------------------------------------------
 
     def _build_batch(self) -> tuple[list[tuple[SimRequest, int]], bool]:
+        batch = self._passes(self.budgets.out_blocks)
+        if not batch and self._held_by_budget and self._seconds_to_next_event() is None:
+            # Requests wait on the swap-out budget, nothing runs and nothing is due: the code would spin
+            # for ever (a fit that allows fewer blocks out than a chunk needs). Lift it for this iteration.
+            batch = self._passes(math.inf)
+        # Identical iterations are never run together: prices and budgets change every iteration.
+        return list(batch.values()), False
+
+    def _passes(self, out_blocks: float) -> dict[str, tuple[SimRequest, int]]:
         self._budget = self.cost.token_budget
         self._in_left = self.budgets.in_blocks
-        self._out_left = self.budgets.out_blocks
+        self._out_left = out_blocks
+        self._held_by_budget = False  # some request was delayed because its shortfall exceeds the budget
         batch: dict[str, tuple[SimRequest, int]] = {}
         self._running_pass(batch)
         self._swapped_pass(batch)
         self._waiting_pass(batch)
-        # Identical iterations are never run together: prices and budgets change every iteration.
-        return list(batch.values()), False
+        return batch
 
     def _running_pass(self, batch: dict[str, tuple[SimRequest, int]]) -> None:
         targets_left = sorted((r for r in self.running if r.phase is Phase.RUNNING), key=lambda r: r.progress.order_s)
@@ -107,6 +122,7 @@ class InferceptCodeSimulator(Simulator):
             while needed > self.device.free:
                 shortfall = needed - self.device.free
                 if shortfall > self._out_left:
+                    self._held_by_budget = True
                     delayed.append(sim_request)
                     break
                 victims = self.targets or delayed or targets_left
@@ -125,7 +141,7 @@ class InferceptCodeSimulator(Simulator):
             if swap_in == 0 and tokens == 0:
                 continue
             needed = self._blocks_needed(sim_request, swap_in, tokens)
-            if needed > self.device.free and (not self.targets or needed - self.device.free > self._out_left):
+            if needed > self.device.free and (not self.targets or self._over_budget(needed)):
                 return
             if self._take_from_targets(needed):
                 self.swapped.remove(sim_request)
@@ -143,7 +159,7 @@ class InferceptCodeSimulator(Simulator):
                 delayed.append(sim_request)
                 break
             needed = self._blocks_needed(sim_request, 0, tokens)
-            if needed > self.device.free and (not self.targets or needed - self.device.free > self._out_left):
+            if needed > self.device.free and (not self.targets or self._over_budget(needed)):
                 delayed.append(sim_request)
                 break
             if not self._take_from_targets(needed):
@@ -156,13 +172,17 @@ class InferceptCodeSimulator(Simulator):
         for sim_request in delayed:
             self.queue.push(sim_request.progress, self.load(), self.iteration)
 
+    def _over_budget(self, needed: int) -> bool:
+        over = needed - self.device.free > self._out_left
+        self._held_by_budget |= over
+        return over
+
     def _take_from_targets(self, needed: int) -> bool:
         """Free `needed` device blocks from the targets within the swap-out budget; False if not."""
         while needed > self.device.free:
-            shortfall = needed - self.device.free
-            if shortfall > self._out_left or not self.targets:
+            if not self.targets or self._over_budget(needed):
                 return False
-            self._out_left -= self._swap_out_from_tail(shortfall, self.targets)
+            self._out_left -= self._swap_out_from_tail(needed - self.device.free, self.targets)
         return True
 
     def _workload(self, sim_request: SimRequest) -> tuple[int, int]:
