@@ -76,10 +76,11 @@ class InferceptCodeSimulator(Simulator):
             return []
         chunk = recompute_chunk_tokens(self.cost.token_budget, sum(r.progress.pending_tokens for r in self.running))
         running_kv = sum(r.device_blocks for r in self.running) * self.block_tokens
+        load = self.load()
         wastes = []
         for sim_request in self.paused_preserved.values():
             held = sim_request.device_blocks * self.block_tokens
-            remaining_s = self.policy.remaining_call_s(sim_request.progress, self.load())
+            remaining_s = self.policy.remaining_call_s(sim_request.progress, load)
             wastes.append(PausedWaste(sim_request.rid, remaining_s * held,
                                       chunked_discard_waste(held, chunk, running_kv, self.cost)))
         discard, targets = discard_and_targets(wastes)
@@ -135,20 +136,28 @@ class InferceptCodeSimulator(Simulator):
                 self._schedule(batch, sim_request, swap_in, tokens)
 
     def _swapped_pass(self, batch: dict[str, tuple[SimRequest, int]]) -> None:
+        # As in the code, `swapped` holds the requests not yet looked at while the pass runs: the one
+        # being scheduled is not among those discarded to make room on the host.
         self.swapped.sort(key=lambda r: r.progress.order_s)
-        for sim_request in list(self.swapped):
+        delayed = []
+        while self.swapped:
+            sim_request = self.swapped.pop(0)
             swap_in, tokens = self._workload(sim_request)
             if swap_in == 0 and tokens == 0:
+                delayed.append(sim_request)
                 continue
             needed = self._blocks_needed(sim_request, swap_in, tokens)
             if needed > self.device.free and (not self.targets or self._over_budget(needed)):
-                return
-            if self._take_from_targets(needed):
-                self.swapped.remove(sim_request)
-                self._leave_queue(sim_request, tokens)
-                sim_request.phase = Phase.RUNNING
-                self.running.append(sim_request)
-                self._schedule(batch, sim_request, swap_in, tokens)
+                delayed.append(sim_request)
+                break
+            if not self._take_from_targets(needed):
+                delayed.append(sim_request)
+                continue
+            self._leave_queue(sim_request, tokens)
+            sim_request.phase = Phase.RUNNING
+            self.running.append(sim_request)
+            self._schedule(batch, sim_request, swap_in, tokens)
+        self.swapped.extend(delayed)
 
     def _waiting_pass(self, batch: dict[str, tuple[SimRequest, int]]) -> None:
         delayed = []
