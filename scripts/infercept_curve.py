@@ -22,7 +22,7 @@ Besides the bundled profile, the sweep runs variants that change one cost each, 
 costs move the curve toward the published one; each override carries its source, and an
 override fitted to the published curve says so.
 
-Usage (about 20 minutes on 2 cores; the bundled profile over three seeds, 3 minutes):
+Usage (about 8 minutes on 2 cores; the bundled profile over three seeds, 3 minutes):
     .venv/bin/python scripts/infercept_curve.py [--duration 1800] [--workers 2]
     .venv/bin/python scripts/infercept_curve.py --variants bundled --seeds 0,1,2 --out results/infercept-curve-seeds
 Writes OUT.json and OUT.png (default results/infercept-curve).
