@@ -208,7 +208,13 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--variants", default=",".join(name for name, _, _ in VARIANTS))
     parser.add_argument("--out", default=str(ROOT / "results" / "infercept-curve"))
     args = parser.parse_args(argv)
-    seeds = [int(seed) for seed in args.seeds.split(",")]
+    try:
+        seeds = [int(seed) for seed in args.seeds.split(",")]
+        qps_values = [float(q) for q in args.qps.split(",")]
+    except ValueError:
+        parser.error(f"--seeds {args.seeds!r} / --qps {args.qps!r}: give comma-separated integers / numbers")
+    if 1.0 not in qps_values:
+        parser.error("--qps must include 1 (the knees are multiples of the latency at 1 req/s)")
     chosen = args.variants.split(",")
     unknown = set(chosen) - {name for name, _, _ in VARIANTS}
     if unknown:

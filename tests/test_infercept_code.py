@@ -168,3 +168,10 @@ def test_with_the_host_full_a_swapped_call_is_discarded_to_make_room_for_the_nex
     assert records["B"].strategies == ("discard",)  # then made room on the host for A's blocks
     assert records["A"].strategies == ("preserve",) and sim.swapped_out_blocks > 5
     assert records["C"].preemptions == records["D"].preemptions == 0
+
+
+@pytest.mark.parametrize("extra", [{"admission": "predicted-peak"}, {"starvation": "age"},
+                                   {"starvation_threshold": 50}])
+def test_admission_and_starvation_the_code_does_not_have_are_refused(extra):
+    with pytest.raises(ValueError, match="greedy admission and no starvation prevention"):
+        make_policy("infercept-code", COST, **extra)

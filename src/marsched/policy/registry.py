@@ -113,6 +113,9 @@ def make_policy(
     except ValueError:
         valid = ", ".join(a.value for a in Admission)
         raise ValueError(f"unknown admission rule {admission!r}; valid: {valid}") from None
+    if rule is StrategyRule.BUDGETED and (admission is not Admission.GREEDY or config.enabled):
+        raise ValueError(f"policy {name!r} schedules as INFERCEPT's code does: greedy admission and no "
+                         "starvation prevention; drop --admission and --starvation")
     return Policy(
         name=name,
         order=order,
