@@ -4,8 +4,11 @@
 from __future__ import annotations
 
 import dataclasses
+import math
 
 import pytest
+from hypothesis import HealthCheck, given, settings
+from hypothesis import strategies as st
 
 from marsched.policy import CostModel, make_policy
 from marsched.policy.infercept_code import (
@@ -15,6 +18,8 @@ from marsched.policy.infercept_code import (
 from marsched.sim.engine import Simulator
 from marsched.sim.select import make_simulator
 from simhelpers import COST, single, small_profile, two_segment
+from test_block_accounting import requests
+from test_engine_semantics import Recorder
 
 INFERCEPT_6B = CostModel(seconds_per_token=0.0463e-3, seconds_per_iteration=0.010, token_budget=384,
                          swap_tokens_per_s=1e6)
@@ -165,6 +170,8 @@ def test_with_the_host_full_a_swapped_call_is_discarded_to_make_room_for_the_nex
                 two_segment("A", 1.0, 64, 8, 5.0, 4, 8), single("D", 1.3, 150, 10)]
     sim, records, states = _run(requests, small_profile(device_blocks=12, host_blocks=6))
     assert any(s.get("B", ("",))[0] == "paused" and s["B"][1:3] == (0, 5) for s in states)  # B went out whole
+    # A's first block fits beside B's five in the 6-block host: B is dropped only when the host is short.
+    assert any(s.get("B", ("",))[1:3] == (0, 5) and s.get("A", ("", 0, 0))[2] == 1 for s in states)
     assert records["B"].strategies == ("discard",)  # then made room on the host for A's blocks
     assert records["A"].strategies == ("preserve",) and sim.swapped_out_blocks > 5
     assert records["C"].preemptions == records["D"].preemptions == 0
@@ -175,3 +182,52 @@ def test_with_the_host_full_a_swapped_call_is_discarded_to_make_room_for_the_nex
 def test_admission_and_starvation_the_code_does_not_have_are_refused(extra):
     with pytest.raises(ValueError, match="greedy admission and no starvation prevention"):
         make_policy("infercept-code", COST, **extra)
+
+
+def test_a_context_shorter_than_the_chunk_is_recomputed_in_one_go():
+    # n = 0 full chunks, a rest of 100: only the rest's term.
+    assert chunked_discard_waste(100, 300, 2000, INFERCEPT_6B) == pytest.approx(0.0463e-3 * 100 * 2100)
+
+
+def test_a_call_exactly_as_costly_to_discard_as_to_keep_is_kept():
+    assert discard_and_targets([PausedWaste("a", 10, 10)]) == ([], [])
+
+
+@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@given(workload=requests(), device_blocks=st.integers(min_value=40, max_value=90),
+       host_blocks=st.integers(min_value=0, max_value=40))
+def test_every_iteration_keeps_to_the_token_budget_and_the_swap_budgets(workload, device_blocks, host_blocks):
+    holder = {}
+    moved = {"in": 0, "out": 0}
+
+    def watch(event):
+        sim = holder["sim"]
+        kind = event["event"]
+        if kind in ("swap_in", "swap_out"):
+            moved[kind[5:]] += event["blocks"]
+        elif kind == "schedule":
+            assert event["tokens"] <= COST.token_budget and event["iterations"] == 1
+            assert moved["in"] <= sim.budgets.in_blocks
+            if math.isfinite(sim._out_left):  # not lifted: what the budget paid for went out, no more
+                used = sim.budgets.out_blocks - sim._out_left
+                assert 0 <= used <= moved["out"]
+            moved.update({"in": 0, "out": 0})
+
+    sim = make_simulator(workload, small_profile(device_blocks=device_blocks, host_blocks=host_blocks),
+                         make_policy("infercept-code", COST), trace=Recorder(watch),
+                         on_step=lambda s: s.check_invariants())
+    holder["sim"] = sim
+    result = sim.run()
+    assert len(result.records) == len(workload) and sim.device.used == sim.host.used == 0
+    assert result.iterations == result.steps  # every iteration priced and built on its own
+
+
+def test_a_discarded_call_prefills_its_whole_context_when_it_returns():
+    events = []
+    calls = [two_segment("A", 0.0, 40, 8, 0.5, 4, 8), two_segment("B", 0.0, 80, 8, 0.5, 4, 8)]
+    sim = make_simulator(calls, small_profile(device_blocks=2000), make_policy("infercept-code", COST),
+                         trace=Recorder(events.append))
+    records = {r.request_id: r for r in sim.run().records}
+    assert records["A"].strategies == ("discard",)
+    after_return = [e for e in events if e["rid"] == "A" and e["event"] == "admit" and e["segment"] == 1]
+    assert after_return[0]["prefill_tokens"] == 40 + 8 + 4  # prompt, output and returned tokens, from scratch
