@@ -231,3 +231,39 @@ def test_a_discarded_call_prefills_its_whole_context_when_it_returns():
     assert records["A"].strategies == ("discard",)
     after_return = [e for e in events if e["rid"] == "A" and e["event"] == "admit" and e["segment"] == 1]
     assert after_return[0]["prefill_tokens"] == 40 + 8 + 4  # prompt, output and returned tokens, from scratch
+
+
+def _swapped_call_returning_to_a_queue():
+    """A's call is swapped out whole by C; while it runs, W1..W4 queue up for the 12-block device."""
+    return ([two_segment("A", 0.0, 64, 8, 1.0, 4, 8), single("C", 0.3, 176, 15)]
+            + [single(f"W{i}", 0.35 + 0.01 * i, 150, 30) for i in range(1, 5)])
+
+
+def test_a_swapped_call_returning_while_others_wait_swaps_back_in_through_the_swapped_pass():
+    sim, records, states = _run(_swapped_call_returning_to_a_queue(), small_profile(device_blocks=12, host_blocks=64))
+    assert any(s.get("A", ("",))[0] == "swapped" and s["A"][1:3] == (0, 5) for s in states)
+    assert records["A"].strategies == ("swap",) and records["A"].preemptions == 0  # not recomputed
+    assert sim.swapped_in_blocks == sim.swapped_out_blocks == 5
+
+
+def test_swap_ins_keep_to_the_budget_and_take_blocks_from_a_later_running_request():
+    # With a budget of 384 tokens this fit lets 1 block in per iteration once memory is nearly full.
+    cost = dataclasses.replace(COST, token_budget=384)
+    sim, records, states = _run(_swapped_call_returning_to_a_queue(), small_profile(device_blocks=12, host_blocks=64),
+                                cost, swap_fit=SwapBudgetFit(alpha=0.0, offset_tokens=-80.0))
+    coming_back = [s for s in states if s.get("A", ("",))[0] == "running" and s["A"][2]]
+    assert [s["A"][1:] for s in coming_back] == [(1, 4, 71), (2, 3, 71), (3, 2, 71), (4, 1, 71)]
+    # The running request that arrived after A gives up its tail to make room for A's blocks.
+    assert all(any(v[0] == "running" and v[2] for k, v in s.items() if k.startswith("W")) for s in coming_back[2:])
+    assert records["A"].preemptions == 0
+
+
+@pytest.mark.parametrize("offset, requests", [
+    (-104.0, [two_segment("A", 0.0, 64, 8, 5.0, 4, 8), single("C", 0.3, 96, 40)]),  # running pass: short 1 block, F = 0
+    (-50.0, _target_and_newcomer()),  # waiting pass: C short of 1 block with 112 tokens free
+])
+def test_a_shortfall_equal_to_the_swap_out_budget_is_swapped_not_delayed(offset, requests):
+    one_out = SwapBudgetFit(alpha=0.0, offset_tokens=offset)
+    assert swap_budgets(0 if offset == -104.0 else 112, 128, 16, one_out).out_blocks == 1
+    sim, records, _ = _run(requests, small_profile(device_blocks=12, host_blocks=64), swap_fit=one_out)
+    assert sim.swapped_out_blocks > 0 and records["C"].finish_s < 5.0  # C did not wait for A's call
