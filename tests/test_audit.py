@@ -334,3 +334,21 @@ def test_unreadable_traces_name_the_line(text, message, tmp_path):
     (tmp_path / "t.jsonl").write_text(text)
     with pytest.raises(TraceReadError, match=message):
         audit_trace(tmp_path / "t.jsonl")
+
+
+def test_infercept_codes_rule_allows_a_discard_or_swap_during_the_call_and_nothing_else(tmp_path):
+    events = simulate(tmp_path / "clean.jsonl", make_policy("infercept-code", COST))
+    assert audit_trace(tmp_path / "clean.jsonl").clean
+    # Under pressure its passes admit out of arrival order (a request that fits passes one that does
+    # not), which the trace does not explain: the order is not checked, and the trace is clean.
+    simulate(tmp_path / "tight.jsonl", make_policy("infercept-code", COST), device_blocks=14, host_blocks=8)
+    tight = audit_trace(tmp_path / "tight.jsonl")
+    assert tight.clean and not tight.declared.order_checked
+    index, changed = next((i, e) for i, e in enumerate(events)
+                          if e["event"] == "assign_strategy" and e["reason"] == "reconsidered")
+    back = [*events[:index + 1], {**changed, "strategy": "preserve"}, *events[index + 1:]]
+    only(audit_events(tmp_path / "back.jsonl", back), Check.STRATEGY, f"from {changed['strategy']}")
+    ret = next(i for i, e in enumerate(events) if e["event"] == "api_end")
+    after = [*events[:ret + 1], {**events[ret], "event": "assign_strategy", "strategy": "discard",
+                                 "reason": "reconsidered", "context_tokens": 10, "api_s": 0.0}, *events[ret + 1:]]
+    only(audit_events(tmp_path / "after.jsonl", after), Check.STRATEGY, "after its call returned")

@@ -6,6 +6,8 @@
 - `at-call` (INFERCEPT): assigned at the call, from the actual context, never ahead of it; while
   preserved, it may be `reconsidered` to a cheaper strategy.
 - `end-at-call` (stock vLLM): every call discards.
+- `budgeted` (INFERCEPT's code): preserved at the call; during it `reconsidered` to a discard or a
+  swap, and a swap to a discard when the host needs room.
 Every call runs under the segment's (last) assigned strategy, and a preempted request keeps it.
 """
 
