@@ -253,6 +253,9 @@ def test_swap_ins_keep_to_the_budget_and_take_blocks_from_a_later_running_reques
                                 cost, swap_fit=SwapBudgetFit(alpha=0.0, offset_tokens=-80.0))
     coming_back = [s for s in states if s.get("A", ("",))[0] == "running" and s["A"][2]]
     assert [s["A"][1:] for s in coming_back] == [(1, 4, 71), (2, 3, 71), (3, 2, 71), (4, 1, 71)]
+    # The one block in per iteration is all that comes in: the others' host blocks only grow meanwhile.
+    others_on_host = [sum(v[2] for k, v in s.items() if k != "A") for s in coming_back]
+    assert others_on_host == sorted(others_on_host)
     # The running request that arrived after A gives up its tail to make room for A's blocks.
     assert all(any(v[0] == "running" and v[2] for k, v in s.items() if k.startswith("W")) for s in coming_back[2:])
     assert records["A"].preemptions == 0
@@ -267,3 +270,14 @@ def test_a_shortfall_equal_to_the_swap_out_budget_is_swapped_not_delayed(offset,
     assert swap_budgets(0 if offset == -104.0 else 112, 128, 16, one_out).out_blocks == 1
     sim, records, _ = _run(requests, small_profile(device_blocks=12, host_blocks=64), swap_fit=one_out)
     assert sim.swapped_out_blocks > 0 and records["C"].finish_s < 5.0  # C did not wait for A's call
+
+
+def test_a_call_is_kept_when_recomputing_it_would_slow_a_large_running_batch():
+    calls = [two_segment("A", 2.0, 40, 8, 0.3, 4, 8), two_segment("B", 2.0, 80, 8, 0.3, 4, 8)]
+    _, alone, _ = _run(calls, small_profile(device_blocks=2000))
+    assert alone["A"].strategies == ("discard",)
+    # Twenty requests decoding 500-token contexts: little of the budget used, but ~11,000 running KV
+    # tokens that every recompute chunk would slow (the R terms of the waste).
+    decoders = [single(f"D{i}", 0.0, 500, 300) for i in range(20)]
+    _, busy, _ = _run(calls + decoders, small_profile(device_blocks=2000))
+    assert busy["A"].strategies == busy["B"].strategies == ("preserve",)
