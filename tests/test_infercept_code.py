@@ -15,7 +15,7 @@ from marsched.policy.infercept_code import (
     GPTJ_6B_SWAP_FIT, PausedWaste, SwapBudgetFit, SwapBudgets, chunked_discard_waste, discard_and_targets,
     recompute_chunk_tokens, swap_budgets,
 )
-from marsched.sim.engine import Simulator
+from marsched.sim.engine import Phase, Simulator
 from marsched.sim.select import make_simulator
 from simhelpers import COST, single, small_profile, two_segment
 from test_block_accounting import requests
@@ -193,18 +193,21 @@ def test_a_call_exactly_as_costly_to_discard_as_to_keep_is_kept():
     assert discard_and_targets([PausedWaste("a", 10, 10)]) == ([], [])
 
 
-@settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workload=requests(), device_blocks=st.integers(min_value=40, max_value=90),
        host_blocks=st.integers(min_value=0, max_value=40))
 def test_every_iteration_keeps_to_the_token_budget_and_the_swap_budgets(workload, device_blocks, host_blocks):
     holder = {}
     moved = {"in": 0, "out": 0}
+    preempt_events = {}
 
     def watch(event):
         sim = holder["sim"]
         kind = event["event"]
         if kind in ("swap_in", "swap_out"):
             moved[kind[5:]] += event["blocks"]
+        elif kind == "preempt":
+            preempt_events[event["rid"]] = preempt_events.get(event["rid"], 0) + 1
         elif kind == "schedule":
             assert event["tokens"] <= COST.token_budget and event["iterations"] == 1
             assert moved["in"] <= sim.budgets.in_blocks
@@ -213,13 +216,19 @@ def test_every_iteration_keeps_to_the_token_budget_and_the_swap_budgets(workload
                 assert 0 <= used <= moved["out"]
             moved.update({"in": 0, "out": 0})
 
+    def step(sim):
+        sim.check_invariants()
+        for r in sim.live.values():  # a request waiting for a (re)computation holds no KV anywhere
+            if r.phase is Phase.WAITING:
+                assert r.device_blocks == r.host_blocks == r.progress.computed_tokens == 0
+
     sim = make_simulator(workload, small_profile(device_blocks=device_blocks, host_blocks=host_blocks),
-                         make_policy("infercept-code", COST), trace=Recorder(watch),
-                         on_step=lambda s: s.check_invariants())
+                         make_policy("infercept-code", COST), trace=Recorder(watch), on_step=step)
     holder["sim"] = sim
     result = sim.run()
     assert len(result.records) == len(workload) and sim.device.used == sim.host.used == 0
     assert result.iterations == result.steps  # every iteration priced and built on its own
+    assert {r.request_id: r.preemptions for r in result.records if r.preemptions} == preempt_events
 
 
 def test_a_discarded_call_prefills_its_whole_context_when_it_returns():
@@ -281,3 +290,10 @@ def test_a_call_is_kept_when_recomputing_it_would_slow_a_large_running_batch():
     decoders = [single(f"D{i}", 0.0, 500, 300) for i in range(20)]
     _, busy, _ = _run(calls + decoders, small_profile(device_blocks=2000))
     assert busy["A"].strategies == busy["B"].strategies == ("preserve",)
+
+
+def test_with_no_host_memory_a_later_running_request_is_recomputed_to_make_room():
+    requests = [single("R1", 0.0, 90, 40), single("R2", 0.01, 40, 60)]
+    sim, records, _ = _run(requests, small_profile(device_blocks=12, host_blocks=0))
+    assert records["R2"].preemptions >= 1 and records["R1"].preemptions == 0
+    assert sim.swapped_out_blocks == 0
