@@ -29,6 +29,7 @@ cannot occur (traces are checked on loading).
 from __future__ import annotations
 
 import math
+from enum import Enum
 
 from marsched.policy.infercept_code import (
     GPTJ_6B_SWAP_FIT, PausedWaste, SwapBudgetFit, SwapBudgets, chunked_discard_waste, discard_and_targets,
@@ -38,6 +39,14 @@ from marsched.policy.progress import StrategyAssignment
 from marsched.policy.strategy import Strategy
 from marsched.sim.engine import Phase, SimRequest, Simulator
 from marsched.sim.memory import blocks_for
+
+
+class _Admission(Enum):
+    """What a swapped or waiting request's turn in its pass came to."""
+
+    ADMITTED = "admitted"
+    PASSED_OVER = "passed over"  # the targets could not make room: later requests are still tried
+    STOP = "stop"  # short of blocks with no target or past the budget (or no tokens left): the pass ends
 
 
 class InferceptCodeSimulator(Simulator):
@@ -143,20 +152,12 @@ class InferceptCodeSimulator(Simulator):
         while self.swapped:
             sim_request = self.swapped.pop(0)
             swap_in, tokens = self._workload(sim_request)
-            if swap_in == 0 and tokens == 0:
+            outcome = _Admission.PASSED_OVER if swap_in == tokens == 0 else self._admit(batch, sim_request, swap_in,
+                                                                                        tokens)
+            if outcome is not _Admission.ADMITTED:
                 delayed.append(sim_request)
-                continue
-            needed = self._blocks_needed(sim_request, swap_in, tokens)
-            if needed > self.device.free and (not self.targets or self._over_budget(needed)):
-                delayed.append(sim_request)
+            if outcome is _Admission.STOP:
                 break
-            if not self._take_from_targets(needed):
-                delayed.append(sim_request)
-                continue
-            self._leave_queue(sim_request, tokens)
-            sim_request.phase = Phase.RUNNING
-            self.running.append(sim_request)
-            self._schedule(batch, sim_request, swap_in, tokens)
         self.swapped.extend(delayed)
 
     def _waiting_pass(self, batch: dict[str, tuple[SimRequest, int]]) -> None:
@@ -164,22 +165,28 @@ class InferceptCodeSimulator(Simulator):
         while (progress := self.queue.pop(self.iteration, self.now)) is not None:
             sim_request = self.live[progress.request_id]
             tokens = min(progress.pending_tokens, self._budget)
-            if tokens == 0:
+            outcome = _Admission.STOP if tokens == 0 else self._admit(batch, sim_request, 0, tokens)
+            if outcome is not _Admission.ADMITTED:
                 delayed.append(sim_request)
+            if outcome is _Admission.STOP:
                 break
-            needed = self._blocks_needed(sim_request, 0, tokens)
-            if needed > self.device.free and (not self.targets or self._over_budget(needed)):
-                delayed.append(sim_request)
-                break
-            if not self._take_from_targets(needed):
-                delayed.append(sim_request)
-                continue
-            self._leave_queue(sim_request, tokens)
-            sim_request.phase = Phase.RUNNING
-            self.running.append(sim_request)
-            self._schedule(batch, sim_request, 0, tokens)
         for sim_request in delayed:
             self.queue.push(sim_request.progress, self.load(), self.iteration)
+
+    def _admit(self, batch: dict[str, tuple[SimRequest, int]], sim_request: SimRequest, swap_in: int,
+               tokens: int) -> _Admission:
+        """A swapped or waiting request joins the running batch if its blocks are free or the targets
+        can give them within the swap-out budget."""
+        needed = self._blocks_needed(sim_request, swap_in, tokens)
+        if needed > self.device.free and (not self.targets or self._over_budget(needed)):
+            return _Admission.STOP
+        if not self._take_from_targets(needed):
+            return _Admission.PASSED_OVER
+        self._leave_queue(sim_request, tokens)
+        sim_request.phase = Phase.RUNNING
+        self.running.append(sim_request)
+        self._schedule(batch, sim_request, swap_in, tokens)
+        return _Admission.ADMITTED
 
     def _over_budget(self, needed: int) -> bool:
         over = needed - self.device.free > self._out_left
