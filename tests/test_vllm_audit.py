@@ -20,6 +20,7 @@ pytest.importorskip("vllm")
 from marsched.audit import audit_trace  # noqa: E402
 from marsched.metrics.trace import read_trace  # noqa: E402
 from marsched.policy import POLICY_NAMES  # noqa: E402
+from marsched.policy.registry import SIMULATOR_ONLY  # noqa: E402
 from marsched.vllm import AugmentedEngine, Step, ToolCall  # noqa: E402
 from test_trace_schema import schema_errors  # noqa: E402
 
@@ -45,7 +46,13 @@ def ended_trace(path, timeout_s: float = 60.0) -> list[dict]:
         time.sleep(0.2)
 
 
-@pytest.mark.parametrize("policy", POLICY_NAMES)
+def test_the_engine_refuses_a_simulator_only_policy_before_starting(tiny_model):
+    for policy in SIMULATOR_ONLY:
+        with pytest.raises(ValueError, match="runs only in the simulator"):
+            AugmentedEngine(tiny_model, policy=policy)
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICY_NAMES if p not in SIMULATOR_ONLY])
 def test_vllm_trace_follows_the_schema_and_passes_the_audit(policy, tiny_model, loop_thread, tmp_path):
     trace = tmp_path / f"{policy}.jsonl"
 
