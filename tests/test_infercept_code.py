@@ -193,7 +193,7 @@ def test_a_call_exactly_as_costly_to_discard_as_to_keep_is_kept():
     assert discard_and_targets([PausedWaste("a", 10, 10)]) == ([], [])
 
 
-@settings(max_examples=150, deadline=None, suppress_health_check=[HealthCheck.too_slow])
+@settings(max_examples=60, deadline=None, suppress_health_check=[HealthCheck.too_slow])
 @given(workload=requests(), device_blocks=st.integers(min_value=40, max_value=90),
        host_blocks=st.integers(min_value=0, max_value=40))
 def test_every_iteration_keeps_to_the_token_budget_and_the_swap_budgets(workload, device_blocks, host_blocks):
