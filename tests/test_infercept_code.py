@@ -297,3 +297,23 @@ def test_with_no_host_memory_a_later_running_request_is_recomputed_to_make_room(
     sim, records, _ = _run(requests, small_profile(device_blocks=12, host_blocks=0))
     assert records["R2"].preemptions >= 1 and records["R1"].preemptions == 0
     assert sim.swapped_out_blocks == 0
+
+
+def test_a_waiting_request_that_needs_exactly_the_free_blocks_is_admitted():
+    # R1 holds 4 of 12 blocks; R2's first chunk (128 tokens) needs the other 8.
+    _, records, _ = _run([single("R1", 0.0, 48, 10), single("R2", 0.05, 128, 2)], small_profile(device_blocks=12))
+    assert records["R2"].first_token_s < records["R1"].finish_s
+
+
+def test_a_waiting_request_short_of_blocks_with_no_target_holds_back_those_behind_it():
+    # R2 does not fit beside R1 and nothing is paused to take blocks from: R3, which would fit, waits too.
+    requests = [single("R1", 0.0, 100, 30), single("R2", 0.02, 128, 2), single("R3", 0.03, 16, 2)]
+    _, records, _ = _run(requests, small_profile(device_blocks=12))
+    assert records["R1"].finish_s < records["R2"].first_token_s < records["R3"].first_token_s
+
+
+def test_a_shortfall_takes_only_the_blocks_that_are_missing():
+    # With 14 blocks C's second chunk needs 3 more with 1 free: 2 come from A, then 1 for C's growth.
+    sim, _, states = _run(_target_and_newcomer()[:1] + [single("C", 0.3, 176, 15)], small_profile(device_blocks=14))
+    assert {s["A"][1:3] for s in states if s.get("A", ("",))[0] == "paused"} == {(5, 0), (3, 2), (2, 3)}
+    assert sim.swapped_out_blocks == 3
