@@ -142,12 +142,12 @@ def _plot(result: dict, path: Path) -> None:
     fig.savefig(path, dpi=120)
 
 
-def _sweep(args, paths: dict[str, str], chosen: list[str], seeds: list[int]) -> list[dict]:
+def _sweep(args, paths: dict[str, str], chosen: list[str], seeds: list[int], qps_values: list[float]) -> list[dict]:
     """Every (variant, policy, seed) over the rates, each stopped once it has left the plot."""
     records: list[dict] = []
     active = [(v, p, seed) for v in chosen for p in POLICIES for seed in seeds]
     light: dict[tuple, float] = {}
-    for qps in sorted(float(q) for q in args.qps.split(",")):
+    for qps in sorted(qps_values):
         specs = [RunSpec(policy=p, qps=qps, trace="multi", profile=paths[v], duration_s=args.duration, seed=seed)
                  for v, p, seed in active]
         done = run_grid(specs, workers=args.workers)
@@ -221,7 +221,7 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"--variants: unknown {', '.join(sorted(unknown))}; valid: {', '.join(n for n, _, _ in VARIANTS)}")
     warnings.simplefilter("ignore")  # the trace's 4 negative return lengths, read as 0 as INFERCEPT does
     with tempfile.TemporaryDirectory() as tmp:
-        records = _sweep(args, _variant_profiles(Path(tmp)), chosen, seeds)
+        records = _sweep(args, _variant_profiles(Path(tmp)), chosen, seeds, qps_values)
     published_knees = {p: knees(PUBLISHED[p]) for p in POLICIES}
     result = {
         "published": {"source": PUBLISHED_SOURCE, "curves": PUBLISHED, "knees": published_knees},
