@@ -317,3 +317,15 @@ def test_a_shortfall_takes_only_the_blocks_that_are_missing():
     sim, _, states = _run(_target_and_newcomer()[:1] + [single("C", 0.3, 176, 15)], small_profile(device_blocks=14))
     assert {s["A"][1:3] for s in states if s.get("A", ("",))[0] == "paused"} == {(5, 0), (3, 2), (2, 3)}
     assert sim.swapped_out_blocks == 3
+
+
+def test_with_the_host_full_the_swapped_call_with_the_longest_remaining_time_is_discarded_first():
+    # A2 (5 s call) and then A1 (10 s call) are swapped out whole, filling the 10-block host; when B's
+    # blocks must go out, A1, which has the longer call still to run, makes the room.
+    requests = [two_segment("A2", 0.0, 64, 8, 5.0, 4, 8), single("C1", 0.3, 176, 15),
+                two_segment("A1", 1.0, 64, 8, 10.0, 4, 8), single("C2", 1.3, 176, 15),
+                two_segment("B", 2.0, 64, 8, 5.0, 4, 8), single("D", 2.3, 150, 10)]
+    _, records, states = _run(requests, small_profile(device_blocks=12, host_blocks=10))
+    assert any(s.get("A1", ("",))[1:3] == (0, 5) and s.get("A2", ("",))[1:3] == (0, 5) for s in states)
+    assert records["A1"].strategies == ("discard",) and records["A2"].strategies == ("swap",)
+    assert records["B"].strategies == ("preserve",) and records["D"].preemptions == 0
