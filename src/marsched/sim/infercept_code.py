@@ -170,8 +170,10 @@ class InferceptCodeSimulator(Simulator):
                 delayed.append(sim_request)
             if outcome is _Admission.STOP:
                 break
-        for sim_request in delayed:
-            self.queue.push(sim_request.progress, self.load(), self.iteration)
+        if delayed:
+            load = self.load()
+            for sim_request in delayed:
+                self.queue.push(sim_request.progress, load, self.iteration)
 
     def _admit(self, batch: dict[str, tuple[SimRequest, int]], sim_request: SimRequest, swap_in: int,
                tokens: int) -> _Admission:
@@ -261,6 +263,8 @@ class InferceptCodeSimulator(Simulator):
     def _make_host_room(self, blocks: int) -> None:
         """Host memory full: discard fully swapped calls (longest remaining call first), then swapped
         requests from the tail of their queue."""
+        if self.host.free >= blocks:
+            return  # the common case; building the load below walks the running batch
         load = self.load()
         while self.host.free < blocks:
             if self.paused_swapped:
