@@ -184,26 +184,32 @@ def test_live_metrics_follow_the_scheduler(server):
     state = server.state()["scheduler"]
     assert state["device_total_blocks"] == total  # the same question /marsched/state asks
 
-    # Long requests (ignore_eos) running while we scrape: the gauges must move.
-    responses: list = []
-
-    def run(index: int) -> None:
-        body = completion(server, max_tokens=400, ignore_eos=True,
-                          vllm_xargs={"marsched": json.dumps({"strategy": "swap", "rid": f"metrics-{index}"})})
-        responses.append(server.post("/v1/completions", body))
-
-    threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
-    for thread in threads:
-        thread.start()
+    # Long requests (ignore_eos) running while we scrape: the gauges must move. A scrape asks the
+    # engine with a time limit, and on a loaded machine four requests can end within the first
+    # few scrapes: up to five rounds of them, until a scrape has seen one running.
     busiest = idle
-    while any(t.is_alive() for t in threads):
-        current = live_samples(server)
-        if current[("marsched_running_requests", ())] > busiest[("marsched_running_requests", ())]:
-            busiest = current
-        time.sleep(0.05)
-    for thread in threads:
-        thread.join()
-    assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+    for round_index in range(5):
+        responses: list = []
+
+        def run(index: int) -> None:
+            rid = f"metrics-{round_index}-{index}"
+            body = completion(server, max_tokens=400, ignore_eos=True,
+                              vllm_xargs={"marsched": json.dumps({"strategy": "swap", "rid": rid})})
+            responses.append(server.post("/v1/completions", body))
+
+        threads = [threading.Thread(target=run, args=(i,)) for i in range(4)]
+        for thread in threads:
+            thread.start()
+        while any(t.is_alive() for t in threads):
+            current = live_samples(server)
+            if current[("marsched_running_requests", ())] > busiest[("marsched_running_requests", ())]:
+                busiest = current
+            time.sleep(0.05)
+        for thread in threads:
+            thread.join()
+        assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
+        if busiest[("marsched_running_requests", ())] >= 1:
+            break
     assert busiest[("marsched_running_requests", ())] >= 1, "never saw a running request"
     assert busiest[("marsched_device_free_blocks", ())] < total
     wait_idle(server)
@@ -223,8 +229,6 @@ def test_live_retained_conversation_is_counted(server):
         return server.post("/v1/completions", body)
 
     first = turn(conversation="metrics-conv", tool_s=5, strategy="preserve")
-    if first.status_code == 400 and "conversation" in first.text:
-        pytest.skip("this scheduler has no conversation KV retention yet (the validator refuses the key)")
     assert first.status_code == 200, first.text
     deadline = time.monotonic() + 10
     while live_samples(server)[("marsched_retained_conversations", (("strategy", "preserve"),))] < 1:
