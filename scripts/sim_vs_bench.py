@@ -39,6 +39,7 @@ def simulate_point(record: dict, profile_path: str) -> dict:
     profile, policy = spec.build()
     kv = record["kv_cache"]
     profile = replace(profile, device_blocks=kv["blocks"], block_tokens=kv["block_tokens"],
+                      max_sequences=kv.get("max_num_seqs", profile.max_sequences),
                       cost=replace(profile.cost, token_budget=kv["max_num_batched_tokens"]))
     templates = load_trace(record["trace"])
     prepare_length_predictor(policy.predictor.length, templates, record["trace"])  # as run_one does

@@ -145,6 +145,7 @@ def test_calibrated_profile_loads_with_the_measured_capacity(tmp_path):
     assert profile.device_blocks == 2047 and profile.block_tokens == 128 and profile.host_blocks == (1 << 20) // 128
     assert profile.kv_bytes_per_token == 2048
     assert profile.cost.token_budget == 2048
+    assert profile.max_sequences == 256 and "max_num_seqs" in data["max_num_seqs_source"]
     assert profile.cost.seconds_per_iteration == pytest.approx(C, rel=0.3)
     assert profile.cost.seconds_per_token == pytest.approx(A, rel=0.1)
     assert data["iteration_us_per_context_token"] == pytest.approx(B * 1e6, rel=0.1)
@@ -182,6 +183,17 @@ def test_profile_capacity_stated_in_blocks_is_validated():
         data = _base_profile()
         data[key] = value
         with pytest.raises(ValueError, match=f"p.json: .*{message}"):
+            profile_from_dict(data, "p.json")
+
+
+def test_the_cap_on_running_requests_is_optional_and_validated():
+    assert profile_from_dict(_base_profile(), "p.json").max_sequences is None  # written before the field
+    data = _base_profile()
+    data["max_num_seqs"] = 8
+    assert profile_from_dict(data, "p.json").max_sequences == 8
+    for value in (0, 2.5, True, "8"):
+        data["max_num_seqs"] = value
+        with pytest.raises(ValueError, match="p.json: field 'max_num_seqs' must be a whole number of requests >= 1"):
             profile_from_dict(data, "p.json")
 
 

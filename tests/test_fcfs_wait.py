@@ -6,12 +6,14 @@ Fast, so that mutation testing runs them.
 import pytest
 
 from marsched.policy import WaitingQueue, make_policy
-from marsched.policy.fcfs_wait import FcfsWait
+from marsched.policy.fcfs_wait import FcfsWait, predicted_work_tokens
+from marsched.predict.segment import SegmentPredictor
+from marsched.workload.model import ApiCall, ApiType, build_request
 from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress
 from marsched.policy.registry import DEFAULT_STARVATION, starvation_config
-from marsched.sim.engine import Simulator
-from simhelpers import COST, single, small_profile
+from marsched.sim.engine import Phase, Simulator
+from simhelpers import COST, single, small_profile, two_segment
 from test_trace_consistency import _workload
 
 
@@ -26,43 +28,96 @@ def _waiting(policy, queue, rid, now_s, output):
     return progress
 
 
-def test_the_estimate_is_the_age_of_the_oldest_request_fcfs_would_not_have_started():
+def test_the_fallback_is_the_age_of_the_oldest_request_fcfs_would_not_have_started():
     fcfs = FcfsWait()
-    assert fcfs.wait_s(5.0) == 0.0  # nothing arrived: a new request would not wait
+    assert fcfs.oldest_unstarted_wait_s(5.0) == 0.0  # nothing arrived
     fcfs.arrive("a", 1.0, 10)
     fcfs.arrive("b", 2.0, 10)
     fcfs.arrive("c", 4.0, 10)
-    assert fcfs.wait_s(6.0) == 5.0  # nothing served: FCFS would not have started a
-    assert fcfs.wait_s(1.5) == 0.5
-    fcfs.decoded("b", 9)  # served out of order: the work counts, whoever's it was
-    assert fcfs.wait_s(6.0) == 4.0  # FCFS would be running a now; b waits
-    fcfs.decoded("c", 1)
-    assert fcfs.wait_s(6.0) == 4.0  # exactly a's work served: b starts only with more
-    fcfs.decoded("b", 50)  # b decodes past its prediction: only its own 10 count (1 of them left)
-    assert fcfs.wait_s(6.0) == 2.0  # b started too: c is the one FCFS keeps waiting
+    assert fcfs.oldest_unstarted_wait_s(1.5) == 0.5  # nothing served: FCFS would not have started a
+    assert fcfs.oldest_unstarted_wait_s(6.0) == 5.0
+    fcfs.served("b", 9)  # served out of order: the work counts, whoever's it was
+    assert fcfs.oldest_unstarted_wait_s(6.0) == 4.0  # FCFS would be running a now; b waits
+    fcfs.served("c", 1)
+    assert fcfs.oldest_unstarted_wait_s(6.0) == 4.0  # exactly a's work served: b starts only with more
+    fcfs.served("b", 50)  # b computes past its prediction: only its own 10 count (1 of them left)
+    assert fcfs.oldest_unstarted_wait_s(6.0) == 2.0  # b started too: c is the one FCFS keeps waiting
     fcfs.finished("b")  # b had nothing left to count
-    assert fcfs.wait_s(6.0) == 2.0
+    assert fcfs.oldest_unstarted_wait_s(6.0) == 2.0
     fcfs.finished("a")  # ends: the rest of its predicted work counts as served
-    assert fcfs.wait_s(6.0) == 0.0
+    assert fcfs.oldest_unstarted_wait_s(6.0) == 0.0
     fcfs.finished("c")
-    assert fcfs.served_tokens == 30
-    fcfs.decoded("gone", 5)  # an unknown or ended request changes nothing
+    assert fcfs.served_tokens == 30 and fcfs.unserved_tokens == 0
+    fcfs.served("gone", 5)  # an unknown or ended request changes nothing
     fcfs.finished("gone")
     assert fcfs.served_tokens == 30 and fcfs.wait_s(6.0) == 0.0
 
 
+def test_the_estimate_is_the_unserved_work_over_the_recent_service_rate():
+    fcfs = FcfsWait(window_s=64.0)  # a sample a second
+    assert fcfs.wait_s(0.0) == 0.0  # nothing arrived: a new request would not wait
+    fcfs.arrive("a", 0.0, 100)
+    fcfs.arrive("b", 0.5, 100)
+    assert fcfs.wait_s(1.0) == 1.0  # nothing served yet: no rate, so the fallback (a, in for 1 s)
+    fcfs.served("a", 10)
+    assert fcfs.service_rate(2.0) == 10.0  # 10 tokens in the busy second since the last call
+    assert fcfs.wait_s(2.0) == 19.0  # 190 tokens unserved at 10 a second
+    fcfs.served("b", 30)
+    assert fcfs.wait_s(2.5) == 16.0  # half a second later: too soon for a new sample, the rate holds
+    # Nothing served between 2.5 and 3: that half second is not busy. 40 tokens in 1.5 busy s.
+    assert fcfs.wait_s(3.0) == pytest.approx(160 / (40 / 1.5))
+    fcfs.finished("a")  # its 90 tokens not yet computed count as served at its end
+    assert fcfs.unserved_tokens == 70
+
+
+def test_stretches_with_nothing_served_do_not_lower_the_rate():
+    fcfs = FcfsWait(window_s=64.0)
+    fcfs.arrive("a", 0.0, 1000)
+    fcfs.wait_s(0.0)
+    for t in range(1, 11):  # 20 tokens a second for 10 s
+        fcfs.served("a", 20)
+        fcfs.wait_s(float(t))
+    assert fcfs.service_rate(10.0) == 20.0
+    assert fcfs.service_rate(40.0) == 20.0  # 30 s with nothing computed (every request in a call)
+    fcfs.served("a", 20)
+    assert fcfs.service_rate(41.0) == 20.0  # one more busy second, at the same rate
+
+
+def test_the_rate_follows_the_last_window_only():
+    fcfs = FcfsWait(window_s=8.0)
+    fcfs.arrive("a", 0.0, 10_000)
+    fcfs.wait_s(0.0)
+    t = 0.0
+    for tokens in [5] * 20 + [20] * 20:  # 10 s at 10 tokens a second, then 10 s at 40
+        t += 0.5
+        fcfs.served("a", tokens)
+        fcfs.wait_s(t)
+    assert fcfs.service_rate(t) == 40.0  # the first 10 s are out of the window
+    with pytest.raises(ValueError, match="window must be > 0 s"):
+        FcfsWait(window_s=0.0)
+
+
 def test_a_request_brings_at_least_one_unit_of_work():
     fcfs = FcfsWait()
-    fcfs.arrive("empty", 1.0, 0)  # predicted to decode nothing: still counts as one unit
+    fcfs.arrive("empty", 1.0, 0)  # predicted to compute nothing: still counts as one unit
     fcfs.arrive("next", 2.0, 5)
-    fcfs.decoded("empty", 3)
+    fcfs.served("empty", 3)
     assert fcfs.served_tokens == 1
-    assert fcfs.wait_s(3.0) == 1.0  # next has not started
+    assert fcfs.oldest_unstarted_wait_s(3.0) == 1.0  # next has not started
+
+
+def test_a_requests_work_is_what_the_engine_computes_for_it():
+    two = two_segment("t", 0.0, 100, 20, 1.0, 30, 40)  # prompt, call returning 30, then 40 more
+    predictions = [SegmentPredictor.oracle().predict(two, i) for i in range(2)]
+    assert predicted_work_tokens(two.prompt_tokens, predictions) == 100 + 20 + 30 + 40
+    trailing = build_request("c", 50, [(10, ApiCall(ApiType.OTHER, 1.0, 99))], 0.0)  # ends with its call
+    predictions = [SegmentPredictor.oracle().predict(trailing, 0)]
+    assert predicted_work_tokens(trailing.prompt_tokens, predictions) == 60  # the last return is never computed
 
 
 def test_fcfs_wait_is_the_default_and_takes_a_multiple():
     assert DEFAULT_STARVATION == "fcfs-wait"
-    assert make_policy("mars", COST).starvation.fcfs_multiple == 1.1
+    assert make_policy("mars", COST).starvation.fcfs_multiple == 1.5
     assert starvation_config("fcfs-wait:2.5").fcfs_multiple == 2.5
     for bad, message in [("fcfs-wait:x", "must be a number"), ("fcfs-wait:0", "must be > 0"),
                          ("fcfs-wait:inf", "must be > 0"), ("age:2", "only fcfs-wait takes a multiple"),
@@ -75,20 +130,19 @@ def test_the_threshold_is_the_larger_of_the_floor_and_the_multiple_of_the_fcfs_w
     policy = make_policy("mars", COST, starvation="fcfs-wait:2", starvation_threshold=1.0)
     queue = WaitingQueue(policy)
     assert queue.threshold(0.0) == 1.0  # an empty engine: the floor
-    old = _waiting(policy, queue, "old", 0.0, 100)
-    _waiting(policy, queue, "new", 3.0, 5)
-    assert queue.threshold(3.0) == 6.0  # nothing served: FCFS would not have started old, in for 3 s
+    old = _waiting(policy, queue, "old", 0.0, 90)  # 10 prompt + 90 output tokens of work
+    _waiting(policy, queue, "new", 3.0, 5)  # 15
+    assert queue.threshold(3.0) == 6.0  # nothing served, no rate: 2 × old's 3 s
     assert queue.promote_starving(0, now_s=3.0) == []  # old waited 3 s, under 6
     assert queue.seconds_to_next_promotion(3.0) == 3.0  # at the threshold as it stands now
-    queue.remove("new", 0, now_s=3.0)  # new runs (ranked ahead) and ends
-    queue.decoded("new", 5)
-    queue.finished("new")  # five units served: FCFS would have started old, and new would wait
-    assert queue.threshold(4.0) == 2.0  # 2 × new's 1 s
-    assert [p.request_id for p in queue.promote_starving(0, now_s=4.0)] == ["old"]  # waited 4 s
-    queue.decoded("old", 40)  # old part way: under FCFS new would still be waiting
-    assert queue.threshold(5.0) == 4.0  # 2 × new's 2 s
-    queue.finished("old")  # ends early: the rest of its predicted work counts as served
-    assert queue.threshold(5.0) == 1.0  # FCFS would make nobody wait: the floor
+    queue.remove("new", 0, now_s=3.0)  # new runs (ranked ahead) and ends: 15 tokens in a second
+    queue.served("new", 15)
+    queue.finished("new")
+    assert queue.threshold(4.0) == 2 * 100 / 15  # old's 100 tokens at 15 a second, twice
+    assert queue.promote_starving(0, now_s=4.0) == []  # waited 4 s, under 13.3
+    assert [p.request_id for p in queue.promote_starving(0, now_s=15.0)] == ["old"]  # 15 s: over 13.3
+    queue.finished("old")
+    assert queue.threshold(16.0) == 1.0  # FCFS would make nobody wait: the floor
     assert old.elder  # for life, as under `age`
 
 
@@ -108,22 +162,28 @@ def test_off_and_fixed_variants_keep_no_estimate():
         assert queue.threshold(100.0) == queue.policy.starvation.threshold
 
 
-def test_the_simulator_counts_every_decoded_token_as_served():
-    # Oracle predictions: the served work is exactly what the requests have decoded so far.
+def test_the_simulator_counts_every_computed_token_as_served():
+    # Oracle predictions, every call preserved and room for all: nothing is computed twice, so the
+    # served work is what the live requests have computed so far plus the whole work of those done.
     requests = _workload()
+    work = {r.request_id: r.prompt_tokens + r.output_tokens + sum(s.api.return_tokens for s in r.segments[:-1])
+            for r in requests}
     checked = []
 
+    def computed(live):
+        progress = live.progress
+        if live.phase is Phase.PAUSED and progress.in_last_segment:  # a trailing call: KV freed at it
+            return progress.context_tokens - 1  # all but the last sampled token, never an input
+        return progress.computed_tokens
+
     def check(sim):
-        finished = {r.request_id for r in sim.records}
-        decoded = sum(r.output_tokens for r in requests if r.request_id in finished)
-        for live in sim.live.values():
-            progress = live.progress
-            decoded += sum(s.output_tokens for s in progress.request.segments[:progress.segment_index])
-            decoded += progress.generated
-        assert sim.queue.fcfs_wait.served_tokens == decoded
+        served = sum(work[r.request_id] for r in sim.records)
+        served += sum(computed(live) for live in sim.live.values())
+        assert sim.queue.fcfs_wait.served_tokens == served
         checked.append(sim.now)
 
-    Simulator(requests, small_profile(device_blocks=20), make_policy("mars", COST), on_step=check).run()
+    policy = make_policy("preserve", COST, starvation="fcfs-wait")
+    Simulator(requests, small_profile(device_blocks=200), policy, on_step=check).run()
     assert len(checked) > 10
 
 

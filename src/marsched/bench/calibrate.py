@@ -380,6 +380,8 @@ def calibrated_profile(m: Measurements, cal: Calibration, name: str, host_swap_t
         "block_tokens_source": f"{where}: vLLM's cache block size",
         "token_budget": engine["max_num_batched_tokens"],
         "token_budget_source": f"{where}: the engine's max_num_batched_tokens",
+        "max_num_seqs": engine["max_num_seqs"],
+        "max_num_seqs_source": f"{where}: the engine's max_num_seqs",
         "iteration_ms_fixed": round(it.c * 1e3, 6),
         "iteration_ms_per_token": round(it.a * 1e3, 7),
         "iteration_us_per_context_token": round(it.b * 1e6, 7),

@@ -21,7 +21,7 @@ every later stay in the queue too.
 
 With a threshold relative to the first-come-first-served wait (`fcfs_multiple`), the
 queue keeps that estimate (`fcfs_wait.py`): it registers each request at its first push,
-and the engines tell it what each request decoded (`decoded`) and when it ended
+and the engines tell it what they computed for each request (`served`) and when it ended
 (`finished`). The threshold in force is the same for every waiting request, so the heap
 by counter start still finds the due ones; `threshold` reports it for the event trace.
 """
@@ -33,7 +33,7 @@ import math
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 
-from marsched.policy.fcfs_wait import FcfsWait
+from marsched.policy.fcfs_wait import FcfsWait, predicted_work_tokens
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy, StarvationClock
 from marsched.policy.progress import KeyBasis, RequestProgress
@@ -88,7 +88,8 @@ class WaitingQueue:
         if progress.request_id in self._entries:
             raise ValueError(f"request {progress.request_id!r} is already waiting")
         if self._fcfs is not None and not self._fcfs.knows(progress.request_id):
-            self._fcfs.arrive(progress.request_id, load.now_s, sum(p.output_tokens for p in progress.predictions))
+            work = predicted_work_tokens(progress.request.prompt_tokens, progress.predictions)
+            self._fcfs.arrive(progress.request_id, load.now_s, work)
         counted = self.policy.starvation.counts_for(progress)
         clock = self.policy.starvation.clock
         waited = progress.waited_s if clock is StarvationClock.SECONDS else progress.waited_iterations
@@ -182,10 +183,10 @@ class WaitingQueue:
         """The FCFS wait estimate, when the threshold moves with it."""
         return self._fcfs
 
-    def decoded(self, request_id: str, tokens: int) -> None:
-        """A request decoded `tokens` (the FCFS wait estimate's served work)."""
+    def served(self, request_id: str, tokens: int) -> None:
+        """The engine computed `tokens` for a request (the FCFS wait estimate's served work)."""
         if self._fcfs is not None:
-            self._fcfs.decoded(request_id, tokens)
+            self._fcfs.served(request_id, tokens)
 
     def finished(self, request_id: str) -> None:
         """A request ended (the rest of its predicted work counts as served)."""

@@ -341,7 +341,7 @@ class Simulator:
 
     def _admit_from_queue(self, batch: dict[str, tuple[SimRequest, int]], budget: int) -> bool:
         admitted = False
-        while budget > 0:
+        while budget > 0 and self._has_sequence_room():
             progress = self.queue.pop(self.iteration, self.now)
             if progress is None:
                 break
@@ -367,6 +367,13 @@ class Simulator:
             budget -= tokens
             admitted = True
         return admitted
+
+    def _has_sequence_room(self) -> bool:
+        """Whether the profile's cap on running requests (vLLM's max_num_seqs) lets one more in. A
+        request being swapped in counts: it runs once its blocks are back. A preserved call that
+        returns rejoins the batch without asking, so the batch can exceed the cap until one ends."""
+        cap = self.profile.max_sequences
+        return cap is None or len(self.running) + len(self.link_in) < cap
 
     def _admissible(self, sim_request: SimRequest) -> bool:
         """The policy's admission rule, given the running batch and the KV held outside it."""
@@ -468,16 +475,14 @@ class Simulator:
                 progress.context_tokens += iterations - 1
                 self._grow(sim_request, n)
             progress.computed_tokens += n
-            decoded = iterations - 1
             if progress.computed_tokens == progress.context_tokens:
-                decoded += 1
                 progress.generated += 1
                 progress.context_tokens += 1
                 if math.isnan(sim_request.first_token_s):
                     sim_request.first_token_s = end
                 if progress.generated >= progress.segment.output_tokens:
                     finished_segment.append(sim_request)
-            self.queue.decoded(sim_request.rid, decoded)
+            self.queue.served(sim_request.rid, n + iterations - 1)
         self.iteration += iterations
         self._tau = _moving_average(self._tau, dt, growth, iterations)
         self._advance_links(span)

@@ -122,7 +122,7 @@ class InferceptCodeSimulator(Simulator):
     def _running_pass(self, batch: dict[str, tuple[SimRequest, int]]) -> None:
         targets_left = sorted((r for r in self.running if r.phase is Phase.RUNNING), key=lambda r: r.progress.order_s)
         delayed: list[SimRequest] = []
-        while targets_left:
+        while targets_left and self._has_batch_room(batch):
             sim_request = targets_left.pop(0)
             swap_in, tokens = self._workload(sim_request)
             if swap_in == 0 and tokens == 0:
@@ -179,6 +179,8 @@ class InferceptCodeSimulator(Simulator):
                tokens: int) -> _Admission:
         """A swapped or waiting request joins the running batch if its blocks are free or the targets
         can give them within the swap-out budget."""
+        if not self._has_batch_room(batch):
+            return _Admission.STOP
         needed = self._blocks_needed(sim_request, swap_in, tokens)
         if needed > self.device.free and (not self.targets or self._over_budget(needed)):
             return _Admission.STOP
@@ -189,6 +191,12 @@ class InferceptCodeSimulator(Simulator):
         self.running.append(sim_request)
         self._schedule(batch, sim_request, swap_in, tokens)
         return _Admission.ADMITTED
+
+    def _has_batch_room(self, batch: dict[str, tuple[SimRequest, int]]) -> bool:
+        """The code caps the requests scheduled in an iteration, all three passes together, at
+        max_num_seqs; a running request past the cap waits for the next iteration."""
+        cap = self.profile.max_sequences
+        return cap is None or len(batch) < cap
 
     def _over_budget(self, needed: int) -> bool:
         over = needed - self.device.free > self._out_left

@@ -22,6 +22,9 @@ class Profile:
     host_blocks: int
     block_tokens: int
     cost: CostModel
+    # Running requests at most (vLLM's max_num_seqs); None: only memory and the token budget bound
+    # the batch. Profiles written before the field load with None.
+    max_sequences: int | None = None
 
     @property
     def device_tokens(self) -> int:
@@ -139,7 +142,17 @@ def profile_from_dict(data: dict, origin: str) -> Profile:
         host_blocks=host_blocks,
         block_tokens=block_tokens,
         cost=cost,
+        max_sequences=_max_sequences(data, origin),
     )
+
+
+def _max_sequences(data: dict, origin: str) -> int | None:
+    value = data.get("max_num_seqs")
+    if value is None:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ValueError(f"{origin}: field 'max_num_seqs' must be a whole number of requests >= 1, got {value!r}")
+    return value
 
 
 def scale_kv_capacity(profile: Profile, factor: float) -> Profile:

@@ -650,10 +650,11 @@ class MarsSchedulerMixin:
             else:  # resumed while the copy ran (async scheduling): keep the blocks, drop the copy
                 self._swapper.drop(rid)
                 tracked.kv = Kv.DEVICE
+        for rid, tokens in scheduler_output.num_scheduled_tokens.items():
+            self.waiting.queue.served(rid, tokens)
         now = None
         for outputs in (result or {}).values():
             for out in outputs.outputs:
-                self.waiting.queue.decoded(out.request_id, len(out.new_token_ids or ()))
                 tracked = self._tracked.get(out.request_id)
                 if tracked is not None and out.new_token_ids and math.isnan(tracked.first_token_t):
                     now = now or time.monotonic()
