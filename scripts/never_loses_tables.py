@@ -1,5 +1,7 @@
 """Print the README's tables from results/never-loses/*.json (written by scripts/never_loses.sh),
-and draw the mean/p99 trade-off at each trace's most loaded point (results/never-loses/frontier.png)."""
+and draw the mean/p99 trade-off at each trace's most loaded point (results/never-loses/frontier.png).
+With `calibrated` as the first argument, the same from results/never-loses-calibrated/ (written by
+scripts/never_loses.sh calibrated)."""
 
 from __future__ import annotations
 
@@ -7,7 +9,15 @@ import json
 import sys
 from pathlib import Path
 
-RESULTS = Path(__file__).resolve().parent.parent / "results" / "never-loses"
+_ROOT = Path(__file__).resolve().parent.parent / "results"
+# run set -> (folder, profile label, the most loaded point of each trace in scripts/never_loses.sh)
+RUN_SETS = {
+    "gptj": ("never-loses", "gptj-6b-a100", {"single": 16.0, "multi": 5.0, "agent": 0.4}),
+    "calibrated": ("never-loses-calibrated", "calibrated-cpu", {"single": 24.0, "multi": 14.0, "agent": 2.0}),
+}
+RESULTS = _ROOT / "never-loses"
+PROFILE = "gptj-6b-a100"
+TOP = RUN_SETS["gptj"][2]
 
 
 def _load(name: str) -> list[dict]:
@@ -86,17 +96,14 @@ def ablation_table(trace: str) -> None:
         print(f"| {label} | " + " | ".join(cells) + " |")
 
 
-TOP = {"single": 16.0, "multi": 5.0, "agent": 0.4}  # the most loaded point of scripts/never_loses.sh
-
-
 def frontier_points(trace: str) -> list[tuple[str, float, float]]:
     """(variant, mean ratio, p99 ratio) at the trace's most loaded point, over INFERCEPT's."""
     infercept = _by(_load(f"{trace}-main"), "infercept").get(TOP[trace])
     if infercept is None:
         return []
-    named = [("fcfs-wait:0.8", "fcfs0.8"), ("fcfs-wait:1", "fcfs1"), ("fcfs-wait:1.1 (default)", "main"),
-             ("fcfs-wait:1.25", "fcfs1.25"), ("fcfs-wait:1.5", "fcfs1.5"), ("fcfs-wait:2", "fcfs2"),
-             ("fcfs-wait:3", "fcfs3"), ("age 15 s", "age"), ("age 60 s", "age60"), ("age 240 s", "age240"),
+    named = [("fcfs-wait:0.8", "fcfs0.8"), ("fcfs-wait:1", "fcfs1"), ("fcfs-wait:1.25", "fcfs1.25"),
+             ("fcfs-wait:1.5 (default)", "main"), ("fcfs-wait:2", "fcfs2"), ("fcfs-wait:3", "fcfs3"),
+             ("fcfs-wait:4", "fcfs4"), ("age 15 s", "age"), ("age 60 s", "age60"), ("age 240 s", "age240"),
              ("published", "published"), ("iterations", "iterations"), ("off", "off")]
     points = []
     for label, name in named:
@@ -143,7 +150,7 @@ def frontier_plot(traces: list[str], path: Path) -> None:
         ax.axvline(1.2, color="black", lw=0.8, ls="--")
         ax.axhline(0.6, color="black", lw=0.8, ls="--")
         ax.axhline(1.0, color="black", lw=0.8)
-        ax.set_title(f"{trace}, {TOP[trace]:g} qps (gptj-6b-a100)")
+        ax.set_title(f"{trace}, {TOP[trace]:g} qps ({PROFILE})")
         ax.set_xlabel("p99 end-to-end / INFERCEPT's")
         ax.set_ylabel("mean end-to-end / INFERCEPT's")
     fig.suptitle("MARS starvation variants at the most loaded point: lower left is better")
@@ -153,7 +160,15 @@ def frontier_plot(traces: list[str], path: Path) -> None:
 
 
 if __name__ == "__main__":
-    traces = sys.argv[1:] or ["single", "multi", "agent"]
+    args = sys.argv[1:]
+    run_set = args.pop(0) if args and args[0] in RUN_SETS else "gptj"
+    folder, PROFILE, TOP = RUN_SETS[run_set]
+    RESULTS = _ROOT / folder
+    traces = args or ["single", "multi", "agent"]
+    unknown = [t for t in traces if t not in TOP]
+    if unknown:
+        sys.exit(f"usage: never_loses_tables.py [{'|'.join(RUN_SETS)}] [TRACE ...]; unknown: {', '.join(unknown)} "
+                 f"(traces: {', '.join(TOP)})")
     for trace in traces:
         main_table(trace)
     code_table(traces)

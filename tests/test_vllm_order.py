@@ -109,3 +109,19 @@ def test_predicted_peak_admission_runs_what_would_outgrow_memory_one_after_the_o
     admits = [e for e in events if e["event"] == "admit"]
     assert len(admits) == 2 and admits[1]["iteration"] - admits[0]["iteration"] >= 20  # after the first is done
     assert sched.kv_cache_manager.block_pool.get_num_free_blocks() == 5
+
+
+def test_the_fcfs_wait_estimate_is_told_every_computed_token(llm, monkeypatch):
+    from marsched.policy import WaitingQueue
+
+    served: dict[str, int] = {}
+    tell = WaitingQueue.served
+
+    def record(self, request_id, tokens):
+        served[request_id] = served.get(request_id, 0) + tokens
+        tell(self, request_id, tokens)
+
+    monkeypatch.setattr(WaitingQueue, "served", record)
+    submit(llm, "served")
+    # Each: its 100-token prompt, then 19 decode steps (the 20th token is sampled, never an input).
+    assert sorted(served.values()) == [119] * len(PREDICTED)
