@@ -42,9 +42,9 @@ for trace in single multi agent; do
   echo "$trace done"
 done
 # The trade-off frontier at the most loaded point of each trace: the fcfs-wait multiple, and
-# the age threshold (the default's multiple 1.5 and age's 15 s are in the runs above).
+# the age threshold (the default's multiple 2 and age's 15 s are in the runs above).
 for trace in single multi agent; do
-  for multiple in 0.8 1 1.25 2 3 4; do
+  for multiple in 0.8 1 1.25 1.5 3 4; do
     run --trace "$trace" --policies mars --starvation "fcfs-wait:$multiple" --qps "${top[$trace]}" \
       --json "$out/$trace-fcfs$multiple.json"
   done

@@ -102,7 +102,7 @@ def frontier_points(trace: str) -> list[tuple[str, float, float]]:
     if infercept is None:
         return []
     named = [("fcfs-wait:0.8", "fcfs0.8"), ("fcfs-wait:1", "fcfs1"), ("fcfs-wait:1.25", "fcfs1.25"),
-             ("fcfs-wait:1.5 (default)", "main"), ("fcfs-wait:2", "fcfs2"), ("fcfs-wait:3", "fcfs3"),
+             ("fcfs-wait:1.5", "fcfs1.5"), ("fcfs-wait:2 (default)", "main"), ("fcfs-wait:3", "fcfs3"),
              ("fcfs-wait:4", "fcfs4"), ("age 15 s", "age"), ("age 60 s", "age60"), ("age 240 s", "age240"),
              ("published", "published"), ("iterations", "iterations"), ("off", "off")]
     points = []

@@ -117,7 +117,7 @@ def test_a_requests_work_is_what_the_engine_computes_for_it():
 
 def test_fcfs_wait_is_the_default_and_takes_a_multiple():
     assert DEFAULT_STARVATION == "fcfs-wait"
-    assert make_policy("mars", COST).starvation.fcfs_multiple == 1.5
+    assert make_policy("mars", COST).starvation.fcfs_multiple == 2.0
     assert starvation_config("fcfs-wait:2.5").fcfs_multiple == 2.5
     for bad, message in [("fcfs-wait:x", "must be a number"), ("fcfs-wait:0", "must be > 0"),
                          ("fcfs-wait:inf", "must be > 0"), ("age:2", "only fcfs-wait takes a multiple"),
@@ -204,3 +204,14 @@ def test_a_multiple_needs_the_seconds_clock():
 
     with pytest.raises(ValueError, match="a threshold relative to the FCFS wait needs the seconds clock"):
         StarvationConfig(100, fcfs_multiple=1.0)  # iterations
+
+
+def test_the_estimate_keeps_only_the_arrivals_fcfs_would_not_have_started():
+    # A long-running server: what FCFS would have started is forgotten as the estimate is asked.
+    fcfs = FcfsWait()
+    for i in range(1000):
+        fcfs.arrive(f"r{i}", float(i), 10)
+        fcfs.served(f"r{i}", 10)
+        fcfs.finished(f"r{i}")
+        fcfs.wait_s(float(i) + 0.5)
+    assert len(fcfs._arrived) <= 1 and len(fcfs._samples) <= 70 and not fcfs._owed

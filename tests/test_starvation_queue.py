@@ -136,7 +136,7 @@ def test_parse_threshold_refuses_what_is_not_a_positive_number(text):
 def test_defaults_per_policy():
     mars = make_policy("mars", COST)
     assert (mars.starvation.threshold, mars.starvation.fcfs_multiple, mars.starvation.for_life, mars.admission.value) == (
-        1.0, 1.5, True, "predicted-peak")
+        1.0, 2.0, True, "predicted-peak")
     infercept = make_policy("infercept", COST)
     assert (infercept.starvation.threshold, infercept.admission.value) == (None, "greedy")
     # A threshold for a policy without prevention turns on the iteration counter.

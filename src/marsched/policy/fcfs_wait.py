@@ -90,12 +90,11 @@ class FcfsWait:
     def wait_s(self, now_s: float) -> float:
         """The estimated wait of a request arriving at `now_s` (calls come in time order)."""
         rate = self.service_rate(now_s)
+        oldest = self.oldest_unstarted_wait_s(now_s)  # also forgets the arrivals FCFS would have started
         unserved = self.unserved_tokens
         if unserved <= _WORK_SLACK:
             return 0.0
-        if rate is None:
-            return self.oldest_unstarted_wait_s(now_s)
-        return unserved / rate
+        return oldest if rate is None else unserved / rate
 
     def service_rate(self, now_s: float) -> float | None:
         """Work served per busy second over the last window (None until some was served). The time

@@ -33,10 +33,10 @@ SIMULATOR_ONLY: frozenset[str] = frozenset(n for n, (_, rule, _, _) in _NAMED.it
 
 # Starvation prevention variants; `fcfs-wait` is MARS's default here (README, "Starvation prevention").
 STARVATION_VARIANTS: dict[str, StarvationConfig] = {
-    # Promoted once it has waited 1.5 times what first come first served would make a request
+    # Promoted once it has waited twice what first come first served would make a request
     # arriving now wait (at least 1 s); then as `age`. `fcfs-wait:K` sets the multiple.
     "fcfs-wait": StarvationConfig(1.0, 0, StarvationClock.SECONDS, StarvationCount.ALL_WAITING, Protection.SEGMENT,
-                                  for_life=True, fcfs_multiple=1.5),
+                                  for_life=True, fcfs_multiple=2.0),
     # Waited 15 s in total (across calls and preemptions): promoted for the rest of its life;
     # promoted requests go first come first served, each protected until its segment ends.
     "age": StarvationConfig(15.0, 0, StarvationClock.SECONDS, StarvationCount.ALL_WAITING, Protection.SEGMENT,
