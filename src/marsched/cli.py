@@ -25,7 +25,9 @@ from marsched.bench.report import plot_latency, write_json
 from marsched.bench.runner import RunSpec, grid, run_grid, run_one
 from marsched.cli_checks import fail, positive_numbers
 from marsched.policy import Admission
-from marsched.policy.registry import POLICY_NAMES, STARVATION_NAMES, parse_threshold, starvation_config
+from marsched.policy.registry import (
+    POLICY_NAMES, STARVATION_NAMES, STARVATION_VARIANTS, parse_threshold, starvation_config,
+)
 from marsched.predict import parse_api_estimator, parse_length_predictor
 from marsched.sim.profile import load_profile, profile_names
 from marsched.workload.errors import TraceWarning
@@ -50,8 +52,8 @@ POLICY_HELP = {
     "mars": "MARS: predicted memory x time first, strategy fixed ahead, starvation prevention, predicted-peak admission",
 }
 STARVATION_HELP = {
-    "fcfs-wait": "promoted for life once its wait passes 1.1x what FCFS would make a new arrival wait "
-                 "(at least 1 s); fcfs-wait:K sets the multiple; MARS's default",
+    "fcfs-wait": f"promoted for life once its wait passes {STARVATION_VARIANTS['fcfs-wait'].fcfs_multiple:g}x what "
+                 "FCFS would make a new arrival wait (at least 1 s); fcfs-wait:K sets the multiple; MARS's default",
     "age": "15 s of waiting in total promotes a request for life (FCFS among promoted)",
     "published": "the MARS code's rule: 100 iterations, counted only for requests that ran before",
     "iterations": "100 iterations of waiting, counted for every waiting request",
