@@ -189,8 +189,9 @@ def test_profile_capacity_stated_in_blocks_is_validated():
 def test_the_cap_on_running_requests_is_optional_and_validated():
     assert profile_from_dict(_base_profile(), "p.json").max_sequences is None  # written before the field
     data = _base_profile()
-    data["max_num_seqs"] = 8
-    assert profile_from_dict(data, "p.json").max_sequences == 8
+    for value in (1, 8):
+        data["max_num_seqs"] = value
+        assert profile_from_dict(data, "p.json").max_sequences == value
     for value in (0, 2.5, True, "8"):
         data["max_num_seqs"] = value
         with pytest.raises(ValueError, match="p.json: field 'max_num_seqs' must be a whole number of requests >= 1"):

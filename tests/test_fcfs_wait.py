@@ -92,9 +92,27 @@ def test_the_rate_follows_the_last_window_only():
         t += 0.5
         fcfs.served("a", tokens)
         fcfs.wait_s(t)
+        if t == 18.0:  # the sample at 10 s is the window's start: nothing before it counts
+            assert fcfs.service_rate(t) == 40.0
     assert fcfs.service_rate(t) == 40.0  # the first 10 s are out of the window
     with pytest.raises(ValueError, match="window must be > 0 s"):
         FcfsWait(window_s=0.0)
+    assert FcfsWait(window_s=0.5).window_s == 0.5
+
+
+def test_one_token_is_a_rate_and_work_served_at_one_moment_is_not():
+    fcfs = FcfsWait(window_s=64.0)
+    fcfs.arrive("a", 0.0, 100)
+    fcfs.wait_s(0.0)
+    fcfs.served("a", 1)
+    assert fcfs.service_rate(2.0) == 0.5  # one token in two busy seconds
+    other = FcfsWait(window_s=64.0)
+    other.arrive("a", 0.0, 100)
+    other.wait_s(0.0)
+    other.served("a", 10)  # told between two queries at the same moment: no busy time to divide by
+    assert other.service_rate(0.0) is None
+    assert other.service_rate(1.0) is None  # nothing served since: the second was idle
+    assert other.wait_s(1.0) == 0.0  # so the fallback: FCFS would have started a, nobody waits
 
 
 def test_a_request_brings_at_least_one_unit_of_work():
