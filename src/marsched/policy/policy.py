@@ -62,7 +62,8 @@ class StarvationConfig:
     With `fcfs_multiple` (a seconds clock), the threshold is the larger of `threshold` and that
     multiple of the wait first come first served would give a request arriving now
     (`fcfs_wait.FcfsWait`): under overload it grows with the unserved work, so the ranking
-    keeps deciding, and no request waits much longer than a new arrival would under FCFS.
+    keeps deciding, and no request waits much longer than that multiple of what a new arrival
+    would wait under FCFS.
     `threshold=None` turns prevention off. The defaults are the MARS code's benchmark
     script's: 100 iterations, and a quantum of 100,000 iterations (in effect, until the
     request finishes). The named variants are in `registry.py`.
