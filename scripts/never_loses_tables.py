@@ -15,9 +15,16 @@ RUN_SETS = {
     "gptj": ("never-loses", "gptj-6b-a100", {"single": 16.0, "multi": 5.0, "agent": 0.4}),
     "calibrated": ("never-loses-calibrated", "calibrated-cpu", {"single": 24.0, "multi": 14.0, "agent": 2.0}),
 }
-RESULTS = _ROOT / "never-loses"
-PROFILE = "gptj-6b-a100"
-TOP = RUN_SETS["gptj"][2]
+
+
+def select(run_set: str) -> None:
+    """Read the run set's folder, with its profile label and most loaded points."""
+    global RESULTS, PROFILE, TOP
+    folder, PROFILE, TOP = RUN_SETS[run_set]
+    RESULTS = _ROOT / folder
+
+
+select("gptj")
 
 
 def _load(name: str) -> list[dict]:
@@ -161,9 +168,7 @@ def frontier_plot(traces: list[str], path: Path) -> None:
 
 if __name__ == "__main__":
     args = sys.argv[1:]
-    run_set = args.pop(0) if args and args[0] in RUN_SETS else "gptj"
-    folder, PROFILE, TOP = RUN_SETS[run_set]
-    RESULTS = _ROOT / folder
+    select(args.pop(0) if args and args[0] in RUN_SETS else "gptj")
     traces = args or ["single", "multi", "agent"]
     unknown = [t for t in traces if t not in TOP]
     if unknown:

@@ -4,24 +4,11 @@ from dataclasses import replace
 
 import pytest
 
-from marsched.metrics.trace import EventTrace
 from marsched.policy import make_policy
 from marsched.sim.engine import Simulator
 from marsched.sim.profile import load_profile
-from marsched.sim.select import make_simulator
 from simhelpers import COST, single, small_profile, two_segment
-
-
-class _Events(EventTrace):
-    def __init__(self):
-        self.events = []
-
-    @property
-    def enabled(self) -> bool:
-        return True
-
-    def emit(self, event, t, request_id, **fields):
-        self.events.append((event, fields))
+from test_engine_semantics import _run
 
 
 def _burst(n: int):
@@ -67,10 +54,9 @@ def test_a_request_swapping_in_takes_a_place_in_the_batch():
 def test_infercept_code_schedules_at_most_the_cap_each_iteration():
     requests = [two_segment(f"r{i}", 0.0, 16, 4, 0.2, 4, 10) for i in range(5)]
     for cap, most in ((None, 5), (3, 3)):
-        trace = _Events()
         profile = replace(small_profile(), max_sequences=cap)
-        make_simulator(requests, profile, make_policy("infercept-code", COST), trace=trace).run()
-        batches = [fields["batch"] for event, fields in trace.events if event == "schedule"]
+        _, _, events = _run(requests, make_policy("infercept-code", COST), profile)
+        batches = [e["batch"] for e in events if e["event"] == "schedule"]
         assert max(batches) == most
 
 
