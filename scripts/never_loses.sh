@@ -4,25 +4,45 @@
 # ablation and noisy predictions.
 #   scripts/never_loses.sh              the bundled GPT-J profile: results/never-loses/*.json
 #   scripts/never_loses.sh calibrated   the profile measured on vLLM (results/calibrated-cpu.json):
-#                                       results/never-loses-calibrated/*.json (no greedy ablation)
-# scripts/never_loses_tables.py [calibrated] turns them into the README's tables.
+#                                       results/never-loses-calibrated/*.json
+#   scripts/never_loses.sh SET --seeds  only the sweep over seeds at each trace's most loaded point
+#                                       (INFERCEPT, MARS, MARS without starvation prevention, SJF):
+#                                       <the set's folder>/seeds/*.json
+# The loads, most loaded points and seeds are in scripts/never_loses_sets.py;
+# scripts/never_loses_tables.py [calibrated] turns the results into the README's tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 m=${MARSCHED:-.venv/bin/marsched}  # the command to run (word-split: it may carry a prefix)
-case "${1:-gptj}" in
-  gptj)
-    profile=gptj-6b-a100; out=results/never-loses; greedy=yes
-    declare -A loads=([single]=3,4,5,6,8,10,12,14,16 [multi]=0.5,1,1.5,2,2.5,3,4,5 [agent]=0.05,0.1,0.15,0.2,0.3,0.4)
-    declare -A top=([single]=16 [multi]=5 [agent]=0.4) ;;
-  calibrated)
-    # This engine saturates at about 9, 5 and 0.8 qps; each range ends near 2.5-3 times that, as above.
-    profile=results/calibrated-cpu.json; out=results/never-loses-calibrated; greedy=no
-    declare -A loads=([single]=4,6,8,9,10,12,16,20,24 [multi]=2,3,4,5,6,8,10,12,14 [agent]=0.2,0.4,0.6,0.8,1,1.25,1.5,2)
-    declare -A top=([single]=24 [multi]=14 [agent]=2) ;;
-  *) echo "usage: $0 [gptj|calibrated]" >&2; exit 2 ;;
-esac
-mkdir -p "$out"
+python=${PYTHON:-.venv/bin/python}
+usage() { echo "usage: $0 [gptj|calibrated] [--seeds]" >&2; exit 2; }
+set_name=gptj; only_seeds=no
+for arg in "$@"; do
+  case "$arg" in
+    gptj|calibrated) set_name=$arg ;;
+    --seeds) only_seeds=yes ;;
+    *) usage ;;
+  esac
+done
+eval "$("$python" scripts/never_loses_sets.py "$set_name")"
 run() { $m compare --profile "$profile" "$@" >/dev/null; }
+if [ "$only_seeds" = yes ]; then
+  # Is the most loaded point's ratio a property of the trace or of seed 0? And how low can any
+  # order go there: no starvation prevention (off), and shortest predicted output first (sjf).
+  mkdir -p "$out/seeds"
+  for trace in single multi agent; do
+    for seed in "${seeds[@]}"; do
+      common=(--trace "$trace" --qps "${top[$trace]}" --seed "$seed")
+      run "${common[@]}" --policies infercept,mars --json "$out/seeds/$trace-seed$seed.json"
+      # one process each: side by side on two cores
+      run "${common[@]}" --policies mars --starvation off --json "$out/seeds/$trace-off-seed$seed.json" & off=$!
+      run "${common[@]}" --policies sjf --admission predicted-peak --json "$out/seeds/$trace-sjf-seed$seed.json" & sjf=$!
+      wait "$off"; wait "$sjf"
+    done
+    echo "$trace done"
+  done
+  exit 0
+fi
+mkdir -p "$out"
 for trace in single multi agent; do
   qps=${loads[$trace]}
   run --trace "$trace" --policies vllm,infercept,mars --qps "$qps" --json "$out/$trace-main.json" --plot "$out/$trace-main.png"
@@ -33,12 +53,10 @@ for trace in single multi agent; do
   for variant in age published iterations off; do
     run --trace "$trace" --policies mars --starvation "$variant" --qps "$qps" --json "$out/$trace-$variant.json"
   done
-  if [ "$greedy" = yes ]; then
-    for variant in fcfs-wait age published iterations off; do
-      run --trace "$trace" --policies mars --starvation "$variant" --admission greedy --qps "$qps" \
-        --json "$out/$trace-$variant-greedy.json"
-    done
-  fi
+  for variant in fcfs-wait age published iterations off; do
+    run --trace "$trace" --policies mars --starvation "$variant" --admission greedy --qps "$qps" \
+      --json "$out/$trace-$variant-greedy.json"
+  done
   echo "$trace done"
 done
 # The trade-off frontier at the most loaded point of each trace: the fcfs-wait multiple, and

@@ -1,27 +1,27 @@
 """Print the README's tables from results/never-loses/*.json (written by scripts/never_loses.sh),
 and draw the mean/p99 trade-off at each trace's most loaded point (results/never-loses/frontier.png).
 With `calibrated` as the first argument, the same from results/never-loses-calibrated/ (written by
-scripts/never_loses.sh calibrated)."""
+scripts/never_loses.sh calibrated). The seed sweep's table (`never_loses.sh SET --seeds`) comes
+last when its results are there."""
 
 from __future__ import annotations
 
 import json
+import statistics
 import sys
+import warnings
 from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent / "results"
-# run set -> (folder, profile label, the most loaded point of each trace in scripts/never_loses.sh)
-RUN_SETS = {
-    "gptj": ("never-loses", "gptj-6b-a100", {"single": 16.0, "multi": 5.0, "agent": 0.4}),
-    "calibrated": ("never-loses-calibrated", "calibrated-cpu", {"single": 24.0, "multi": 14.0, "agent": 2.0}),
-}
+sys.path.insert(0, str(Path(__file__).resolve().parent))
+from never_loses_sets import RUN_SETS, SEEDS  # noqa: E402  (the scripts folder is not a package)
 
 
 def select(run_set: str) -> None:
     """Read the run set's folder, with its profile label and most loaded points."""
     global RESULTS, PROFILE, TOP
-    folder, PROFILE, TOP = RUN_SETS[run_set]
-    RESULTS = _ROOT / folder
+    chosen = RUN_SETS[run_set]
+    RESULTS, PROFILE, TOP = _ROOT / chosen.folder, chosen.label, chosen.top
 
 
 select("gptj")
@@ -166,6 +166,54 @@ def frontier_plot(traces: list[str], path: Path) -> None:
     plt.close(fig)
 
 
+def size_spread(trace: str) -> float:
+    """The coefficient of variation of the tokens the engine computes per request over the bundled
+    trace's requests (prompt, outputs, and returns that another segment follows): what ordering
+    by size has to work with."""
+    import numpy as np
+
+    from marsched.workload.loader import load_trace
+
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # the multi trace's negative returns, read as 0: not news here
+        requests = load_trace(trace)
+    tokens = np.array([r.prompt_tokens + sum(s.output_tokens for s in r.segments)
+                       + sum(s.api.return_tokens for s in r.segments[:-1] if s.api) for r in requests])
+    return float(tokens.std() / tokens.mean())
+
+
+def seeds_table(traces: list[str]) -> None:
+    """Per trace and seed at the most loaded point: INFERCEPT's mean, then MARS (default), MARS with
+    no starvation prevention and SJF over it (mean / p99), and the median over the seeds."""
+    rows = []
+    for trace in traces:
+        ratios: dict[str, list[tuple[float, float]]] = {"mars": [], "off": [], "sjf": []}
+        for seed in SEEDS:
+            main = _load(f"seeds/{trace}-seed{seed}")
+            infercept, mars = _by(main, "infercept").get(TOP[trace]), _by(main, "mars").get(TOP[trace])
+            off = _by(_load(f"seeds/{trace}-off-seed{seed}"), "mars").get(TOP[trace])
+            sjf = _by(_load(f"seeds/{trace}-sjf-seed{seed}"), "sjf").get(TOP[trace])
+            if infercept is None or None in (mars, off, sjf):
+                continue
+            cells = []
+            for name, r in (("mars", mars), ("off", off), ("sjf", sjf)):
+                pair = (r["e2e_mean_s"] / infercept["e2e_mean_s"], r["e2e_p99_s"] / infercept["e2e_p99_s"])
+                ratios[name].append(pair)
+                cells.append(f"{pair[0]:.3f} / {pair[1]:.2f}")
+            rows.append(f"| {trace} {TOP[trace]:g} qps | {seed} | {infercept['e2e_mean_s']:.1f} | " + " | ".join(cells) + " |")
+        if ratios["mars"]:
+            medians = [f"{statistics.median(m for m, _ in v):.3f} / {statistics.median(p for _, p in v):.2f}"
+                       for v in ratios.values()]
+            rows.append(f"| {trace} {TOP[trace]:g} qps | median of {len(ratios['mars'])} | | " + " | ".join(medians) + " |")
+    if rows:
+        print("\n| point | seed | infercept mean s | mars (default): mean / p99 over INFERCEPT's | "
+              "mars, starvation off | sjf, predicted-peak |")
+        print("| --- | --- | --- | --- | --- | --- |")
+        print("\n".join(rows))
+        print("\nSpread of request sizes (coefficient of variation of the tokens computed per request): "
+              + ", ".join(f"{trace} {size_spread(trace):.2f}" for trace in traces))
+
+
 if __name__ == "__main__":
     args = sys.argv[1:]
     select(args.pop(0) if args and args[0] in RUN_SETS else "gptj")
@@ -181,3 +229,4 @@ if __name__ == "__main__":
         ablation_table(trace)
     frontier_table(traces)
     frontier_plot(traces, RESULTS / "frontier.png")
+    seeds_table(traces)

@@ -1,0 +1,94 @@
+"""scripts/never_loses.sh, never_loses_sets.py and never_loses_tables.py: the run sets reach the shell
+intact, the seed sweep runs what it says, and its table computes the ratios and medians."""
+
+from __future__ import annotations
+
+import importlib
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
+
+
+def _module(name: str):
+    sys.path.insert(0, str(SCRIPTS))  # the scripts folder is not a package; the tables script imports the sets
+    try:
+        return importlib.import_module(name)
+    finally:
+        sys.path.remove(str(SCRIPTS))
+
+
+@pytest.fixture(scope="module")
+def sets():
+    return _module("never_loses_sets")
+
+
+@pytest.fixture(scope="module")
+def tables():
+    return _module("never_loses_tables")
+
+
+@pytest.mark.parametrize("name", ["gptj", "calibrated"])
+def test_the_shell_reads_each_run_set_as_python_holds_it(sets, name):
+    shown = subprocess.run(
+        ["bash", "-c", 'eval "$1"; echo "$profile|$out|${loads[single]}|${loads[agent]}|${top[multi]}|${seeds[*]}"',
+         "_", sets.shell(name)], capture_output=True, text=True, check=True).stdout.strip()
+    s = sets.RUN_SETS[name]
+    assert shown == "|".join([s.profile, f"results/{s.folder}", ",".join(f"{q:g}" for q in s.loads["single"]),
+                              ",".join(f"{q:g}" for q in s.loads["agent"]), f"{s.top['multi']:g}",
+                              " ".join(map(str, sets.SEEDS))])
+    assert all(s.top[t] == max(s.loads[t]) for t in sets.TRACES)  # the most loaded point is the range's end
+
+
+def test_the_seed_sweep_runs_three_commands_per_trace_and_seed(sets, tmp_path):
+    calls = tmp_path / "calls"
+    recorder = tmp_path / "marsched"
+    recorder.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
+    recorder.chmod(0o755)
+    env = {**os.environ, "MARSCHED": str(recorder), "PYTHON": sys.executable}
+    subprocess.run(["bash", str(SCRIPTS / "never_loses.sh"), "calibrated", "--seeds"], env=env, check=True,
+                   capture_output=True, text=True)
+    lines = calls.read_text().splitlines()
+    assert len(lines) == 3 * len(sets.TRACES) * len(sets.SEEDS)
+    s = sets.RUN_SETS["calibrated"]
+    agent_seed3 = [line for line in lines if "--trace agent " in line and "--seed 3 " in line]
+    assert all(f"--profile {s.profile} " in line and f"--qps {s.top['agent']:g} " in line for line in agent_seed3)
+    assert {line.split("--json ")[1] for line in agent_seed3} == {
+        f"results/{s.folder}/seeds/agent-{kind}seed3.json" for kind in ("", "off-", "sjf-")}
+    assert any("--policies mars --starvation off" in line for line in agent_seed3)
+    assert any("--policies sjf --admission predicted-peak" in line for line in agent_seed3)
+    assert any("--policies infercept,mars " in line for line in agent_seed3)
+
+
+def test_the_script_refuses_what_it_does_not_know():
+    result = subprocess.run(["bash", str(SCRIPTS / "never_loses.sh"), "calibratd"], capture_output=True, text=True)
+    assert result.returncode == 2 and "usage:" in result.stderr
+
+
+def test_the_seeds_table_divides_by_the_same_seeds_infercept_and_takes_medians(tables, tmp_path, capsys, monkeypatch):
+    monkeypatch.setattr(tables, "RESULTS", tmp_path)
+    monkeypatch.setattr(tables, "TOP", {"agent": 2.0})
+    monkeypatch.setattr(tables, "SEEDS", (0, 1, 2))
+    (tmp_path / "seeds").mkdir()
+
+    def write(name, policy, mean, p99):
+        path = tmp_path / "seeds" / f"{name}.json"
+        records = json.loads(path.read_text()) if path.exists() else []
+        records.append({"policy": policy, "qps": 2.0, "e2e_mean_s": mean, "e2e_p99_s": p99})
+        path.write_text(json.dumps(records))
+
+    for seed, infercept in enumerate((100.0, 200.0, 400.0)):
+        write(f"agent-seed{seed}", "infercept", infercept, 10 * infercept)
+        write(f"agent-seed{seed}", "mars", 0.5 * infercept * (1 + seed**2 / 10), 10 * infercept)
+        write(f"agent-off-seed{seed}", "mars", 0.4 * infercept, 20 * infercept)
+        write(f"agent-sjf-seed{seed}", "sjf", 0.45 * infercept, 15 * infercept)
+    tables.seeds_table(["agent"])
+    out = capsys.readouterr().out
+    assert "| agent 2 qps | 2 | 400.0 | 0.700 / 1.00 | 0.400 / 2.00 | 0.450 / 1.50 |" in out
+    assert "| agent 2 qps | median of 3 | | 0.550 / 1.00 | 0.400 / 2.00 | 0.450 / 1.50 |" in out
+    assert "agent 0.30" in out  # the bundled agent trace's size spread, as the README quotes it
