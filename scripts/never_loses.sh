@@ -23,7 +23,8 @@ for arg in "$@"; do
     *) usage ;;
   esac
 done
-eval "$("$python" scripts/never_loses_sets.py "$set_name")"
+sets=$("$python" scripts/never_loses_sets.py "$set_name")  # an assignment, so that set -e stops on failure
+eval "$sets"
 run() { $m compare --profile "$profile" "$@" >/dev/null; }
 if [ "$only_seeds" = yes ]; then
   # Is the most loaded point's ratio a property of the trace or of seed 0? And how low can any
