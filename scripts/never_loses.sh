@@ -8,7 +8,7 @@
 #   scripts/never_loses.sh SET --seeds  only the sweep over seeds at each trace's most loaded point
 #                                       (INFERCEPT, MARS, MARS without starvation prevention, SJF):
 #                                       <the set's folder>/seeds/*.json
-# The loads, most loaded points and seeds are in scripts/never_loses_sets.py;
+# The loads, most loaded points, seeds and frontier variants are in scripts/never_loses_sets.py;
 # scripts/never_loses_tables.py [calibrated] turns the results into the README's tables.
 set -euo pipefail
 cd "$(dirname "$0")/.."
@@ -63,11 +63,11 @@ done
 # The trade-off frontier at the most loaded point of each trace: the fcfs-wait multiple, and
 # the age threshold (the default's multiple 2 and age's 15 s are in the runs above).
 for trace in single multi agent; do
-  for multiple in 0.8 1 1.25 1.5 3 4; do
+  for multiple in "${multiples[@]}"; do
     run --trace "$trace" --policies mars --starvation "fcfs-wait:$multiple" --qps "${top[$trace]}" \
       --json "$out/$trace-fcfs$multiple.json"
   done
-  for threshold in 60 240; do
+  for threshold in "${ages[@]}"; do
     run --trace "$trace" --policies mars --starvation age --starvation-threshold "$threshold" --qps "${top[$trace]}" \
       --json "$out/$trace-age$threshold.json"
   done

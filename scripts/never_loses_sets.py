@@ -1,5 +1,5 @@
 """The run sets of scripts/never_loses.sh, in one place: profile, results folder, loads, most
-loaded point of each trace, and the seeds of the sweep there. never_loses_tables.py imports
+loaded point of each trace, the seeds of the sweep there and the frontier's variants. never_loses_tables.py imports
 them; never_loses.sh reads them as shell assignments (`never_loses_sets.py SET`)."""
 
 from __future__ import annotations
@@ -9,6 +9,10 @@ from dataclasses import dataclass
 
 TRACES = ("single", "multi", "agent")
 SEEDS = (0, 1, 2, 3, 4)  # the sweep at the most loaded points (`never_loses.sh SET --seeds`)
+# The trade-off frontier at the most loaded points: `fcfs-wait` multiples and `age` thresholds (s)
+# run besides the variants' own (multiple 2, 15 s), which the runs over all loads already cover.
+FRONTIER_MULTIPLES = (0.8, 1, 1.25, 1.5, 3, 4)
+FRONTIER_AGES_S = (60, 240)
 
 
 @dataclass(frozen=True)
@@ -35,12 +39,14 @@ RUN_SETS = {
 
 
 def shell(name: str) -> str:
-    """Bash assignments for never_loses.sh: profile, out, loads[trace], top[trace], seeds."""
+    """Bash assignments for never_loses.sh: profile, out, loads[trace], top[trace], seeds, and the
+    frontier's multiples and ages."""
     s = RUN_SETS[name]
     loads = " ".join(f"[{t}]={','.join(f'{q:g}' for q in s.loads[t])}" for t in TRACES)
     top = " ".join(f"[{t}]={s.top[t]:g}" for t in TRACES)
     return (f"profile={s.profile}; out=results/{s.folder}\n"
-            f"declare -A loads=({loads})\ndeclare -A top=({top})\nseeds=({' '.join(map(str, SEEDS))})\n")
+            f"declare -A loads=({loads})\ndeclare -A top=({top})\nseeds=({' '.join(map(str, SEEDS))})\n"
+            f"multiples=({' '.join(f'{m:g}' for m in FRONTIER_MULTIPLES)})\nages=({' '.join(f'{a:g}' for a in FRONTIER_AGES_S)})\n")
 
 
 if __name__ == "__main__":

@@ -14,7 +14,7 @@ from pathlib import Path
 
 _ROOT = Path(__file__).resolve().parent.parent / "results"
 sys.path.insert(0, str(Path(__file__).resolve().parent))
-from never_loses_sets import RUN_SETS, SEEDS  # noqa: E402  (the scripts folder is not a package)
+from never_loses_sets import FRONTIER_AGES_S, FRONTIER_MULTIPLES, RUN_SETS, SEEDS  # noqa: E402  (the scripts folder is not a package)
 
 
 def select(run_set: str) -> None:
@@ -103,17 +103,29 @@ def ablation_table(trace: str) -> None:
         print(f"| {label} | " + " | ".join(cells) + " |")
 
 
+def frontier_variants() -> list[tuple[str, str]]:
+    """(label, results file suffix) of every variant on the frontier, in the tables' order: the
+    `fcfs-wait` multiples and `age` thresholds never_loses.sh runs there, with each variant's own
+    (the default's runs are `main`, age's own are `age`), then the other variants."""
+    from marsched.policy.registry import DEFAULT_STARVATION, STARVATION_VARIANTS
+
+    own_multiple = STARVATION_VARIANTS["fcfs-wait"].fcfs_multiple
+    own_age = STARVATION_VARIANTS["age"].threshold
+    default = " (default)" if DEFAULT_STARVATION == "fcfs-wait" else ""
+    variants = [(f"fcfs-wait:{m:g}{default}", "main") if m == own_multiple else (f"fcfs-wait:{m:g}", f"fcfs{m:g}")
+                for m in sorted({*FRONTIER_MULTIPLES, own_multiple})]
+    variants += [(f"age {t:g} s", "age") if t == own_age else (f"age {t:g} s", f"age{t:g}")
+                 for t in sorted({*FRONTIER_AGES_S, own_age})]
+    return variants + [("published", "published"), ("iterations", "iterations"), ("off", "off")]
+
+
 def frontier_points(trace: str) -> list[tuple[str, float, float]]:
     """(variant, mean ratio, p99 ratio) at the trace's most loaded point, over INFERCEPT's."""
     infercept = _by(_load(f"{trace}-main"), "infercept").get(TOP[trace])
     if infercept is None:
         return []
-    named = [("fcfs-wait:0.8", "fcfs0.8"), ("fcfs-wait:1", "fcfs1"), ("fcfs-wait:1.25", "fcfs1.25"),
-             ("fcfs-wait:1.5", "fcfs1.5"), ("fcfs-wait:2 (default)", "main"), ("fcfs-wait:3", "fcfs3"),
-             ("fcfs-wait:4", "fcfs4"), ("age 15 s", "age"), ("age 60 s", "age60"), ("age 240 s", "age240"),
-             ("published", "published"), ("iterations", "iterations"), ("off", "off")]
     points = []
-    for label, name in named:
+    for label, name in frontier_variants():
         r = _by(_load(f"{trace}-{name}"), "mars").get(TOP[trace])
         if r is not None:
             points.append((label, r["e2e_mean_s"] / infercept["e2e_mean_s"], r["e2e_p99_s"] / infercept["e2e_p99_s"]))

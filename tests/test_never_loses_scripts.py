@@ -36,24 +36,30 @@ def tables():
 @pytest.mark.parametrize("name", ["gptj", "calibrated"])
 def test_the_shell_reads_each_run_set_as_python_holds_it(sets, name):
     shown = subprocess.run(
-        ["bash", "-c", 'eval "$1"; echo "$profile|$out|${loads[single]}|${loads[agent]}|${top[multi]}|${seeds[*]}"',
+        ["bash", "-c", 'eval "$1"; echo "$profile|$out|${loads[single]}|${loads[agent]}|${top[multi]}|${seeds[*]}|'
+                       '${multiples[*]}|${ages[*]}"',
          "_", sets.shell(name)], capture_output=True, text=True, check=True).stdout.strip()
     s = sets.RUN_SETS[name]
     assert shown == "|".join([s.profile, f"results/{s.folder}", ",".join(f"{q:g}" for q in s.loads["single"]),
                               ",".join(f"{q:g}" for q in s.loads["agent"]), f"{s.top['multi']:g}",
-                              " ".join(map(str, sets.SEEDS))])
+                              " ".join(map(str, sets.SEEDS)), " ".join(f"{m:g}" for m in sets.FRONTIER_MULTIPLES),
+                              " ".join(f"{a:g}" for a in sets.FRONTIER_AGES_S)])
     assert all(s.top[t] == max(s.loads[t]) for t in sets.TRACES)  # the most loaded point is the range's end
 
 
-def test_the_seed_sweep_runs_three_commands_per_trace_and_seed(sets, tmp_path):
+def _recorded(tmp_path, *args: str) -> list[str]:
+    """The marsched command lines never_loses.sh runs with these arguments (nothing is simulated)."""
     calls = tmp_path / "calls"
     recorder = tmp_path / "marsched"
     recorder.write_text(f'#!/bin/sh\necho "$@" >> {calls}\n')
     recorder.chmod(0o755)
     env = {**os.environ, "MARSCHED": str(recorder), "PYTHON": sys.executable}
-    subprocess.run(["bash", str(SCRIPTS / "never_loses.sh"), "calibrated", "--seeds"], env=env, check=True,
-                   capture_output=True, text=True)
-    lines = calls.read_text().splitlines()
+    subprocess.run(["bash", str(SCRIPTS / "never_loses.sh"), *args], env=env, check=True, capture_output=True, text=True)
+    return calls.read_text().splitlines()
+
+
+def test_the_seed_sweep_runs_three_commands_per_trace_and_seed(sets, tmp_path):
+    lines = _recorded(tmp_path, "calibrated", "--seeds")
     assert len(lines) == 3 * len(sets.TRACES) * len(sets.SEEDS)
     s = sets.RUN_SETS["calibrated"]
     agent_seed3 = [line for line in lines if "--trace agent " in line and "--seed 3 " in line]
@@ -63,6 +69,18 @@ def test_the_seed_sweep_runs_three_commands_per_trace_and_seed(sets, tmp_path):
     assert any("--policies mars --starvation off" in line for line in agent_seed3)
     assert any("--policies sjf --admission predicted-peak" in line for line in agent_seed3)
     assert any("--policies infercept,mars " in line for line in agent_seed3)
+
+
+def test_every_variant_on_the_frontier_table_is_run_at_the_most_loaded_point(sets, tables, tmp_path):
+    lines = _recorded(tmp_path)  # the GPT-J set, everything but the seed sweep
+    s = sets.RUN_SETS["gptj"]
+    for trace in sets.TRACES:
+        written = {line.split("--json ")[1].split()[0] for line in lines
+                   if f"--trace {trace} " in line and f"{s.top[trace]:g}" in line.split("--qps ")[1].split()[0].split(",")}
+        assert {f"results/{s.folder}/{trace}-{name}.json" for _, name in tables.frontier_variants()} <= written
+    labels = [label for label, _ in tables.frontier_variants()]
+    assert labels[:8] == ["fcfs-wait:0.8", "fcfs-wait:1", "fcfs-wait:1.25", "fcfs-wait:1.5", "fcfs-wait:2 (default)",
+                          "fcfs-wait:3", "fcfs-wait:4", "age 15 s"]  # the README's column order
 
 
 def test_the_script_refuses_what_it_does_not_know():
