@@ -1,6 +1,7 @@
 """The run sets of scripts/never_loses.sh, in one place: profile, results folder, loads, most
-loaded point of each trace, the seeds of the sweep there and the frontier's variants. never_loses_tables.py imports
-them; never_loses.sh reads them as shell assignments (`never_loses_sets.py SET`)."""
+loaded point of each trace, the seeds of the sweep there and the frontier's variants.
+never_loses_tables.py imports them; never_loses.sh reads them as shell assignments
+(`never_loses_sets.py SET`)."""
 
 from __future__ import annotations
 
