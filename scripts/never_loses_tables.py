@@ -184,13 +184,16 @@ def size_spread(trace: str) -> float:
     by size has to work with."""
     import numpy as np
 
+    from marsched.policy.fcfs_wait import predicted_work_tokens
+    from marsched.predict.segment import SegmentPredictor
     from marsched.workload.loader import load_trace
 
     with warnings.catch_warnings():
         warnings.simplefilter("ignore")  # the multi trace's negative returns, read as 0: not news here
         requests = load_trace(trace)
-    tokens = np.array([r.prompt_tokens + sum(s.output_tokens for s in r.segments)
-                       + sum(s.api.return_tokens for s in r.segments[:-1] if s.api) for r in requests])
+    truth = SegmentPredictor.oracle()  # exact predictions: the work the FCFS wait estimate counts, as it is
+    tokens = np.array([predicted_work_tokens(r.prompt_tokens, [truth.predict(r, i) for i in range(len(r.segments))])
+                       for r in requests])
     return float(tokens.std() / tokens.mean())
 
 
