@@ -54,7 +54,8 @@ POLICY_HELP = {
 STARVATION_HELP = {
     "fcfs-wait": f"promoted for life once its wait passes {STARVATION_VARIANTS['fcfs-wait'].fcfs_multiple:g}x what "
                  "FCFS would make a new arrival wait (at least 1 s); fcfs-wait:K sets the multiple; MARS's default",
-    "age": "15 s of waiting in total promotes a request for life (FCFS among promoted)",
+    "age": f"{STARVATION_VARIANTS['age'].threshold:g} s of waiting in total promotes a request for life "
+           "(FCFS among promoted)",
     "published": "the MARS code's rule: 100 iterations, counted only for requests that ran before",
     "iterations": "100 iterations of waiting, counted for every waiting request",
     "off": "no starvation prevention",
