@@ -56,8 +56,10 @@ STARVATION_HELP = {
                  "FCFS would make a new arrival wait (at least 1 s); fcfs-wait:K sets the multiple; MARS's default",
     "age": f"{STARVATION_VARIANTS['age'].threshold:g} s of waiting in total promotes a request for life "
            "(FCFS among promoted)",
-    "published": "the MARS code's rule: 100 iterations, counted only for requests that ran before",
-    "iterations": "100 iterations of waiting, counted for every waiting request",
+    "published": f"the MARS code's rule: {STARVATION_VARIANTS['published'].threshold:g} iterations, counted only "
+                 "for requests that ran before",
+    "iterations": f"{STARVATION_VARIANTS['iterations'].threshold:g} iterations of waiting, counted for every "
+                  "waiting request",
     "off": "no starvation prevention",
 }
 ADMISSION_HELP = {
