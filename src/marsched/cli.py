@@ -39,7 +39,7 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
 console = Console(width=None if sys.stdout.isatty() else 150)
 errors = Console(stderr=True)
 
-# One line each for `marsched list` (the README's policy table, shortened).
+# One line each for `marsched list` (docs/policies.md's policy table, shortened).
 POLICY_HELP = {
     "vllm": "stock vLLM: FCFS; a request leaves at its API call and queues again at the tail (discard)",
     "infercept": "INFERCEPT: FCFS by arrival; cheapest of preserve/discard/swap at the call, from the truth",

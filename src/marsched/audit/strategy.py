@@ -1,4 +1,4 @@
-"""Each segment's strategy follows the policy's rule (DESIGN.md, "The MARS policy"; baselines table).
+"""Each segment's strategy follows the policy's rule (docs/policies.md; docs/audit.md, "The checks").
 
 - `ahead` (MARS, SJF) and `fixed`: assigned before the segment's first token and never changed
   afterwards: not on preemption, not on re-queueing, not when the call returns. The one change

@@ -28,7 +28,7 @@ SCHEMA_PATH = Path(__file__).with_name("trace.schema.json")
 
 
 class Queue(str, Enum):
-    """Where a request is after an event (DESIGN.md, "Domain model")."""
+    """Where a request is after an event (the `queue` field: docs/trace-format.md, "Event trace")."""
 
     WAITING = "waiting"  # in the waiting queue; needs prefill (new, preempted or discarded)
     RUNNING = "running"  # KV on the device, in the batch (or being swapped in)

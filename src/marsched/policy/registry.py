@@ -1,4 +1,4 @@
-"""The named policies of DESIGN.md's baseline table."""
+"""The named policies (docs/policies.md, "The policies")."""
 
 from __future__ import annotations
 
@@ -31,7 +31,7 @@ POLICY_NAMES: tuple[str, ...] = tuple(_NAMED)
 # KV manager does not.
 SIMULATOR_ONLY: frozenset[str] = frozenset(n for n, (_, rule, _, _) in _NAMED.items() if rule is StrategyRule.BUDGETED)
 
-# Starvation prevention variants; `fcfs-wait` is MARS's default here (README, "Starvation prevention").
+# Starvation prevention variants; `fcfs-wait` is MARS's default here (docs/policies.md, "What MARS does").
 STARVATION_VARIANTS: dict[str, StarvationConfig] = {
     # Promoted once it has waited twice what first come first served would make a request
     # arriving now wait (at least 1 s); then as `age`. `fcfs-wait:K` sets the multiple.

@@ -9,7 +9,7 @@ Two encoders over the same weights, named in a trained head's metadata:
 
 - ``embed``: MiniLM's WordPiece embedding table, mean-pooled over the text's word pieces. A
   bag of pretrained word vectors: numpy only, well under a millisecond per request on one
-  core, so it meets the serving budget (README: predictor latency).
+  core, so it meets the serving budget (docs/predictor.md, "Latency and memory").
 - ``transformer``: the full 6-layer encoder, mean-pooled over its last layer (the sentence
   embedding the model was trained for), the text cut to its first `max_tokens` word pieces.
   Needs torch and transformers; about 15-80 ms per request on one core here, which is why it
