@@ -30,7 +30,7 @@ def simulate(path, policy: Policy, queue: type[WaitingQueue] | None = None, **pr
     sim = make_simulator(_workload(), small_profile(**(profile or {"device_blocks": 20, "host_blocks": 64})), policy,
                     trace=trace)
     if queue is not None:
-        sim.queue = queue(policy)
+        sim.queue = sim.lifecycle.queue = queue(policy)
     sim.run()
     trace.close()
     return read_trace(path)

@@ -427,13 +427,13 @@ def test_infercept_reconsiders_every_preserved_call_and_traces_the_new_assignmen
         progress.computed_tokens = request.prompt_tokens
         progress.api_started_s = 0.0
         sim_request = SimRequest(progress, phase=Phase.PAUSED, device_blocks=blocks_for(request.prompt_tokens, 16),
-                                 strategies_run=["preserve"] * (segment + 1))
+                                 strategies=["preserve"] * (segment + 1))
         sim.device.allocate(sim_request.device_blocks)
         sim.live[request.request_id] = sim_request
         sim.paused_preserved[request.request_id] = sim_request
     sim._reconsider_paused()
     assert list(sim.paused_preserved) == ["keep"]
     switched = sim.live["switch"]
-    assert switched.strategies_run == ["preserve", "discard"] and switched.device_blocks == 0
+    assert switched.strategies == ["preserve", "discard"] and switched.device_blocks == 0
     traced = _events(trace.events, "switch", "assign_strategy")
     assert [(e["strategy"], e["reason"]) for e in traced] == [("discard", "reconsidered")]

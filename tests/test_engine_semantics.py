@@ -420,7 +420,7 @@ def test_iterations_to_reach_is_the_fewest_whose_series_reaches_the_event():
 
 
 def test_moving_average_in_closed_form_equals_the_updates_one_at_a_time():
-    from marsched.sim.engine import _TAU_KEEP, _moving_average
+    from marsched.lifecycle.tau import KEEP as _TAU_KEEP, moving_average as _moving_average
 
     for tau, first, growth, iterations in ((0.02, 0.01, 0.0, 5), (0.02, 0.01, 1e-4, 1), (0.02, 0.01, 1e-4, 2),
                                            (0.005, 0.01, 3e-5, 3), (0.02, 0.013, 2e-4, 57), (0.01, 0.01, 1e-6, 400)):
@@ -530,7 +530,7 @@ def test_the_iteration_time_average_after_identical_iterations_run_together_is_t
     fast, fast_result, _ = _run(requests, make_policy("mars", cost), small_profile())
     slow, slow_result, _ = _run(requests, make_policy("mars", cost), small_profile(), simulator=_OneIterationAtATime)
     assert fast_result.steps < slow_result.steps  # identical iterations did run together
-    assert fast._tau == pytest.approx(slow._tau, rel=1e-9)
+    assert fast.tau.seconds == pytest.approx(slow.tau.seconds, rel=1e-9)
 
 
 def test_a_swap_in_takes_exactly_the_free_device_blocks():

@@ -22,6 +22,7 @@ FIELDS = {
     "run": COMMON | {"schema_version", "engine", "policy", "device_blocks", "host_blocks", "block_tokens"},
     "end": COMMON | {"requests"},
     "arrive": REQUEST | {"arrival_s", "prompt_tokens", "segments"},
+    "predict": REQUEST | {"output_tokens", "api_s", "return_tokens", "predictor", "source"},
     "assign_strategy": REQUEST | {"strategy", "reason", "context_tokens", "api_s"},
     "admit": REQUEST | {"prefill_tokens", "wait_s", "score", "promoted", "counter", "key_basis", "predicted_output_tokens",
                         "predicted_api_s"},
@@ -34,7 +35,7 @@ FIELDS = {
     "api_end": REQUEST | {"return_tokens"},
     "resume": REQUEST | {"where"},
     "promote": REQUEST | {"counter"},
-    "finish": REQUEST | {"e2e_s", "ttft_s"},
+    "finish": REQUEST | {"e2e_s", "ttft_s", "status", "strategies", "preemptions"},
 }
 # A trailing call; a segment without a call; an empty queue.
 NULLABLE = {("api_start", "strategy"), ("preempt", "strategy"), ("schedule", "next_score")}

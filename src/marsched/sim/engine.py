@@ -27,22 +27,19 @@ from collections.abc import Callable
 from dataclasses import dataclass, field
 from enum import Enum
 
+from marsched.lifecycle import CallLifecycle, IterationTime, choose_victim
 from marsched.metrics.records import RequestRecord
-from marsched.metrics.trace import SCHEMA_VERSION, EventTrace, event_fields
+from marsched.metrics.trace import EventTrace
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy, StrategyRule
-from marsched.policy.progress import RequestProgress, StrategyAssignment
+from marsched.policy.progress import RequestProgress
 from marsched.policy.queue import WaitingQueue
-from marsched.policy.trace_fields import declaration, key_basis
 from marsched.policy.strategy import Strategy
 from marsched.sim.isolated import isolated_latency
 from marsched.sim.link import HostLink, Transfer
 from marsched.sim.memory import BlockPool, blocks_for
 from marsched.sim.profile import Profile
 from marsched.workload.model import Request
-
-
-_TAU_KEEP = 0.99  # τ, the iteration time rankings use, is a moving average over about 100 iterations
 
 
 def _series(first: float, growth: float, iterations: int) -> float:
@@ -68,17 +65,6 @@ def _iterations_to_reach(seconds: float, first: float, growth: float) -> int:
     while _series(first, growth, n) < target:
         n += 1
     return n
-
-
-def _moving_average(tau: float, first: float, growth: float, iterations: int) -> float:
-    """τ after `iterations` updates `τ ← k·τ + (1−k)·dt_i` with `dt_i = first + i·growth`, in closed form."""
-    keep = _TAU_KEEP
-    decay = keep**iterations
-    tau += (first - tau) * (1 - decay)
-    if growth and iterations > 1:
-        # The growth's share: (1−k)·Σ_i i·k^(N−1−i) = (N − 1) − k·(1 − k^(N−1))/(1 − k).
-        tau += growth * ((iterations - 1) - keep * (1 - keep ** (iterations - 1)) / (1 - keep))
-    return tau
 
 
 class Phase(str, Enum):
@@ -109,7 +95,8 @@ class SimRequest:
     wait_since_s: float = 0.0
     max_wait_s: float = 0.0
     preemptions: int = 0
-    strategies_run: list[str] = field(default_factory=list)
+    strategies: list[str] = field(default_factory=list)  # the strategy each call ran under
+    override: Strategy | None = None  # a strategy the request chose itself (never, in a simulation)
 
     @property
     def rid(self) -> str:
@@ -158,7 +145,6 @@ class Simulator:
         self._check_fits(self.pending)
         self.live: dict[str, SimRequest] = {}
         self.running: list[SimRequest] = []
-        self.paused_preserved: dict[str, SimRequest] = {}
         self._calls: list[tuple[float, int, SimRequest]] = []  # heap of (api end, seq, request)
         self._sequence = 0
         self.records: list[RequestRecord] = []
@@ -166,7 +152,13 @@ class Simulator:
         self.iteration = 0
         self.steps = 0
         self._next_arrival = 0
-        self._tau = self.cost.iteration_time(1, 1, 1)
+        self.tau = IterationTime(self.cost)
+        self.lifecycle = CallLifecycle(policy, self.queue, self, self.trace, handle_of=self.live.__getitem__)
+
+    @property
+    def paused_preserved(self) -> dict[str, SimRequest]:
+        """Preserved calls the policy revisits (the lifecycle's)."""
+        return self.lifecycle.paused_preserved
 
     def _check_fits(self, requests: list[Request]) -> None:
         for request in requests:
@@ -182,17 +174,14 @@ class Simulator:
     def run(self) -> SimResult:
         started = time.perf_counter()
         total = len(self.pending)
-        if self.trace.enabled:
-            self._emit("run", None, schema_version=SCHEMA_VERSION, engine="sim", policy=declaration(self.policy),
-                       device_blocks=self.device.capacity, host_blocks=self.host.capacity,
-                       block_tokens=self.block_tokens)
+        self.lifecycle.run_started("sim", self.device.capacity, self.host.capacity, self.block_tokens)
         while len(self.records) < total:
             self._take_arrivals()
             self._take_returns()
             if len(self.records) == total:
                 break  # the last request ended with a call that just returned
             self._reconsider_paused()
-            self._promote_starving()
+            self.lifecycle.promote_starving()
             self.queue.refresh(self.load(), self.iteration)
             batch, settled = self._build_batch()
             if not batch:
@@ -203,16 +192,47 @@ class Simulator:
                 self.on_step(self)
             if self.on_progress:
                 self.on_progress(len(self.records), total)
-        self._emit("end", None, requests=len(self.records))
+        self.lifecycle.ended(len(self.records))
         return SimResult(self.records, self.iteration, self.steps, self.now, time.perf_counter() - started)
 
     def load(self) -> EngineLoad:
         return EngineLoad(
             now_s=self.now,
             running_kv_tokens=sum(r.progress.computed_tokens for r in self.running),
-            iteration_s=self._tau,
+            iteration_s=self.tau.seconds,
             host_free_tokens=self.host.free * self.block_tokens,
         )
+
+    # --- what the lifecycle driver asks of the engine (`lifecycle.EngineSide`) ----------
+
+    def clock(self) -> float:
+        return self.now
+
+    def current_iteration(self) -> int:
+        return self.iteration
+
+    def kv_blocks_in_use(self) -> tuple[int, int]:
+        return self.device.used, self.host.used
+
+    def can_swap(self, sim_request: SimRequest) -> bool:
+        return self.host.free >= sim_request.device_blocks
+
+    def keep(self, sim_request: SimRequest) -> None:
+        pass  # the blocks stay where they are
+
+    def discard(self, sim_request: SimRequest) -> None:
+        self.device.release(sim_request.device_blocks)
+        sim_request.device_blocks = 0
+        sim_request.progress.computed_tokens = 0
+
+    def swap_out(self, sim_request: SimRequest) -> None:
+        self.host.allocate(sim_request.device_blocks)
+        sim_request.host_blocks = sim_request.device_blocks
+        sim_request.transfer = self.link_out.start(sim_request, sim_request.progress.computed_tokens,
+                                                   sim_request.device_blocks)
+
+    def holds_preserved(self, sim_request: SimRequest) -> bool:
+        return True  # a preserved call leaves the revisited set only through the lifecycle
 
     # --- events -----------------------------------------------------------------------
 
@@ -223,31 +243,9 @@ class Simulator:
             progress = RequestProgress(request, order_s=request.arrival_s)
             sim_request = SimRequest(progress, wait_since_s=self.now)
             self.live[request.request_id] = sim_request
-            # Taken in at the iteration boundary (`t`); `arrival_s` is when the request arrived.
-            self._emit("arrive", sim_request, arrival_s=request.arrival_s,
-                       prompt_tokens=request.prompt_tokens, segments=len(request.segments))
-            self._start_segment(sim_request)
+            self.lifecycle.arrived(sim_request, request.arrival_s, request.prompt_tokens)
+            self.lifecycle.start_segment(sim_request, "waiting")
             self.queue.push(progress, self.load(), self.iteration)
-
-    def _start_segment(self, sim_request: SimRequest) -> None:
-        progress = sim_request.progress
-        before = len(progress.assignments)
-        self.policy.start_segment(progress, self.load())
-        if len(progress.assignments) > before:
-            self._emit_assignment(sim_request, progress.assignments[-1])
-
-    def _emit_assignment(self, sim_request: SimRequest, assignment: StrategyAssignment) -> None:
-        self._emit("assign_strategy", sim_request, segment=assignment.segment_index,
-                   queue=_QUEUE_OF_PHASE[sim_request.phase], strategy=assignment.strategy.value,
-                   reason=assignment.reason, context_tokens=assignment.context_tokens, api_s=assignment.api_s)
-
-    def _emit(self, event: str, sim_request: SimRequest | None, t: float | None = None, **fields) -> None:
-        """One trace event with the fields every event carries (`metrics/trace.schema.json`)."""
-        if not self.trace.enabled:
-            return
-        segment = sim_request.progress.segment_index if sim_request is not None else None
-        common = event_fields(event, self.iteration, segment, fields, self.device.used, self.host.used)
-        self.trace.emit(event, self.now if t is None else t, sim_request.rid if sim_request else None, **common)
 
     def _take_returns(self) -> None:
         while self._calls and self._calls[0][0] <= self.now:
@@ -257,23 +255,19 @@ class Simulator:
     def _return_call(self, sim_request: SimRequest) -> None:
         progress = sim_request.progress
         call = progress.segment.api
-        self.policy.predictor.observe(call)
-        self.paused_preserved.pop(sim_request.rid, None)
         if sim_request.transfer is not None:
             # Still being copied out: the device copy is intact, so keep it and drop the host one.
             self.link_out.cancel(sim_request.transfer)
             sim_request.transfer = None
             self.host.release(sim_request.host_blocks)
             sim_request.host_blocks = 0
-        self._emit("api_end", sim_request, return_tokens=call.return_tokens)
+        self.lifecycle.call_returned(sim_request, call, call.return_tokens)
         if progress.in_last_segment:
             self._finish(sim_request)
             return
+        self.lifecycle.begin_next_segment(sim_request)
         progress.context_tokens += call.return_tokens
-        progress.segment_index += 1
-        progress.generated = 0
-        progress.api_started_s = None
-        self._start_segment(sim_request)
+        self.lifecycle.start_segment(sim_request, "paused")
         if sim_request.device_blocks:
             where = "device"
             sim_request.phase = Phase.RUNNING
@@ -281,32 +275,12 @@ class Simulator:
         else:
             where = "host" if sim_request.host_blocks else "waiting"
             sim_request.phase = Phase.SWAPPED if sim_request.host_blocks else Phase.WAITING
-            if self.policy.requeues_at_tail:
-                progress.order_s = self.now
-            sim_request.wait_since_s = self.now
+        self.lifecycle.resumed(sim_request, where)
+        if where != "device":
             self.queue.push(progress, self.load(), self.iteration)
-        self._emit("resume", sim_request, where=where)
 
     def _reconsider_paused(self) -> None:
-        if not self.paused_preserved:
-            return
-        load = self.load()
-        for sim_request in list(self.paused_preserved.values()):
-            strategy = self.policy.reconsider(sim_request.progress, load)
-            if strategy is None:
-                continue
-            del self.paused_preserved[sim_request.rid]
-            self._emit_assignment(sim_request, sim_request.progress.assignments[-1])
-            self._apply_call_strategy(sim_request, strategy)
-            sim_request.strategies_run[-1] = sim_request.progress.strategy.value
-
-    def _promote_starving(self) -> None:
-        for progress in self.queue.promote_starving(self.iteration, self.now):
-            self._emit("promote", self.live[progress.request_id], counter=progress.counter, **self._moving_threshold())
-
-    def _moving_threshold(self) -> dict[str, float]:
-        """The promotion threshold in force, for the trace, when it moves with the FCFS wait."""
-        return {"threshold": self.queue.threshold(self.now)} if self.policy.starvation.moves else {}
+        self.lifecycle.reconsider_paused()
 
     # --- scheduling -------------------------------------------------------------------
 
@@ -384,17 +358,7 @@ class Simulator:
                                   self.device.capacity * self.block_tokens, self.block_tokens)
 
     def _leave_queue(self, sim_request: SimRequest, prefill_tokens: int) -> None:
-        wait = self.now - sim_request.wait_since_s
-        sim_request.max_wait_s = max(sim_request.max_wait_s, wait)
-        progress = sim_request.progress
-        progress.ran_before = True
-        if progress.promoted or progress.elder:
-            self.policy.protect(progress, self.iteration)
-        if self.trace.enabled:  # the key basis is built only for a trace
-            prediction = progress.predictions[progress.segment_index]
-            self._emit("admit", sim_request, prefill_tokens=prefill_tokens, wait_s=wait, score=progress.left_key,
-                       promoted=progress.left_promoted, counter=progress.counter, key_basis=key_basis(progress),
-                       predicted_output_tokens=prediction.output_tokens, predicted_api_s=prediction.api_duration_s)
+        self.lifecycle.admitted(sim_request, prefill_tokens)
 
     def _fits(self, sim_request: SimRequest, tokens: int) -> bool:
         needed = blocks_for(sim_request.progress.computed_tokens + tokens, self.block_tokens) - sim_request.device_blocks
@@ -407,27 +371,17 @@ class Simulator:
             sim_request.device_blocks += needed
 
     def _victim(self, requester: SimRequest) -> SimRequest:
-        """The lowest-ranked running request that is not protected; the requester if none is."""
-        load = self.load()
-        candidates = [
-            r for r in self.running
-            if r.phase is Phase.RUNNING and not self.policy.is_protected(r.progress, self.iteration)
-        ]
-        if not candidates:
-            return requester
-        return max(candidates, key=lambda r: self.policy.victim_key(r.progress, load))
+        running = [r for r in self.running if r.phase is Phase.RUNNING]
+        return choose_victim(running, requester, lambda r: r.progress, self.policy, self.iteration, self.load())
 
     def _preempt(self, sim_request: SimRequest) -> None:
         progress = sim_request.progress
         self.device.release(sim_request.device_blocks)
-        self._emit("preempt", sim_request, strategy=progress.strategy.value if progress.strategy else None,
-                   freed_blocks=sim_request.device_blocks)
+        self.lifecycle.preempted(sim_request, sim_request.device_blocks)
         sim_request.device_blocks = 0
         progress.computed_tokens = 0
-        sim_request.preemptions += 1
         sim_request.phase = Phase.WAITING
         self.running.remove(sim_request)
-        sim_request.wait_since_s = self.now
         self.queue.push(progress, self.load(), self.iteration)
 
     def _start_swap_in(self, sim_request: SimRequest) -> bool:
@@ -460,12 +414,9 @@ class Simulator:
         span = _series(dt, growth, iterations)
         self.steps += 1
         end = self.now + span
-        if self.trace.enabled:
-            head = self.queue.head_key()
-            self._emit("schedule", None, iterations=iterations, batch=len(computing), tokens=tokens,
-                       context_tokens=context_tokens, dt_s=dt, span_s=span, free_blocks=self.device.free,
-                       host_free_blocks=self.host.free, waiting=len(self.queue), next_score=head,
-                       **self._moving_threshold())
+        self.lifecycle.scheduled(iterations=iterations, batch=len(computing), tokens=tokens,
+                                 context_tokens=context_tokens, free_blocks=self.device.free,
+                                 host_free_blocks=self.host.free, dt_s=dt, span_s=span)
         finished_segment: list[SimRequest] = []
         for sim_request, n in batch:
             progress = sim_request.progress
@@ -484,7 +435,7 @@ class Simulator:
                     finished_segment.append(sim_request)
             self.queue.served(sim_request.rid, n + iterations - 1)
         self.iteration += iterations
-        self._tau = _moving_average(self._tau, dt, growth, iterations)
+        self.tau.observe(dt, growth, iterations)
         self._advance_links(span)
         self.now = end
         for sim_request in finished_segment:
@@ -547,13 +498,13 @@ class Simulator:
             sim_request: SimRequest = transfer.owner
             sim_request.transfer = None
             self.device.release(sim_request.device_blocks)
-            self._emit("swap_out", sim_request, self.now + seconds, blocks=sim_request.device_blocks)
+            self.lifecycle.swapped_out(sim_request, sim_request.device_blocks, self.now + seconds)
             sim_request.device_blocks = 0
         for transfer in self.link_in.advance(seconds):
             sim_request = transfer.owner
             sim_request.transfer = None
             self.host.release(sim_request.host_blocks)
-            self._emit("swap_in", sim_request, self.now + seconds, blocks=sim_request.host_blocks)
+            self.lifecycle.swapped_in(sim_request, sim_request.host_blocks, self.now + seconds)
             sim_request.host_blocks = 0
             sim_request.phase = Phase.RUNNING
             self.running.append(sim_request)
@@ -567,21 +518,13 @@ class Simulator:
         if call is None:
             self._finish(sim_request)
             return
-        progress.api_started_s = self.now
         sim_request.api_end_s = self.now + call.duration_s
         sim_request.phase = Phase.PAUSED
         if progress.in_last_segment:
             self._start_trailing_call(sim_request)
             return
-        before = len(progress.assignments)
-        strategy = self.policy.strategy_at_call(progress, self.load())
-        if len(progress.assignments) > before:
-            self._emit_assignment(sim_request, progress.assignments[-1])
-        sim_request.strategies_run.append(strategy.value)
-        context_tokens = progress.computed_tokens  # before a Discard frees it
-        self._apply_call_strategy(sim_request, strategy)
-        self._emit("api_start", sim_request, strategy=progress.strategy.value, context_tokens=context_tokens,
-                   duration_s=call.duration_s)
+        # The context before a Discard frees it.
+        self.lifecycle.start_call(sim_request, progress.computed_tokens, call.duration_s)
         self._sequence += 1
         heapq.heappush(self._calls, (sim_request.api_end_s, self._sequence, sim_request))
 
@@ -591,27 +534,9 @@ class Simulator:
         self.device.release(sim_request.device_blocks)
         sim_request.device_blocks = 0
         progress.computed_tokens = 0
-        self._emit("api_start", sim_request, strategy=None, context_tokens=progress.context_tokens,
-                   duration_s=progress.segment.api.duration_s)
+        self.lifecycle.start_trailing_call(sim_request, progress.context_tokens, progress.segment.api.duration_s)
         self._sequence += 1
         heapq.heappush(self._calls, (sim_request.api_end_s, self._sequence, sim_request))
-
-    def _apply_call_strategy(self, sim_request: SimRequest, strategy: Strategy) -> None:
-        progress = sim_request.progress
-        if strategy is Strategy.SWAP and self.host.free < sim_request.device_blocks:
-            strategy = self.policy.host_full_fallback(progress, self.load())
-            self._emit_assignment(sim_request, progress.assignments[-1])
-            sim_request.strategies_run[-1] = strategy.value
-        if strategy is Strategy.PRESERVE and self.policy.reconsiders_paused:
-            self.paused_preserved[sim_request.rid] = sim_request
-        if strategy is Strategy.DISCARD:
-            self.device.release(sim_request.device_blocks)
-            sim_request.device_blocks = 0
-            progress.computed_tokens = 0
-        elif strategy is Strategy.SWAP:
-            self.host.allocate(sim_request.device_blocks)
-            sim_request.host_blocks = sim_request.device_blocks
-            sim_request.transfer = self.link_out.start(sim_request, progress.computed_tokens, sim_request.device_blocks)
 
     def _finish(self, sim_request: SimRequest) -> None:
         progress = sim_request.progress
@@ -634,10 +559,10 @@ class Simulator:
             preemptions=sim_request.preemptions,
             max_wait_s=sim_request.max_wait_s,
             isolated_e2e_s=isolated_latency(request, self.cost),
-            strategies=tuple(sim_request.strategies_run),
+            strategies=tuple(sim_request.strategies),
         )
         self.records.append(record)
-        self._emit("finish", sim_request, e2e_s=record.e2e_s, ttft_s=record.ttft_s)
+        self.lifecycle.finished(sim_request, record.e2e_s, record.ttft_s)
 
     # --- invariants (for tests and audits) ------------------------------------------
 

@@ -37,7 +37,7 @@ from marsched.policy.infercept_code import (
 )
 from marsched.policy.progress import StrategyAssignment
 from marsched.policy.strategy import Strategy
-from marsched.sim.engine import Phase, SimRequest, Simulator
+from marsched.sim.engine import _QUEUE_OF_PHASE, Phase, SimRequest, Simulator
 from marsched.sim.memory import blocks_for
 
 
@@ -230,7 +230,7 @@ class InferceptCodeSimulator(Simulator):
             sim_request.device_blocks += swap_in
             self._in_left -= swap_in
             self.swapped_in_blocks += swap_in
-            self._emit("swap_in", sim_request, blocks=swap_in)
+            self.lifecycle.swapped_in(sim_request, swap_in)
         if tokens:
             self._grow(sim_request, tokens)
             self._budget -= tokens
@@ -259,7 +259,7 @@ class InferceptCodeSimulator(Simulator):
             blocks -= take
             moved += take
             self.swapped_out_blocks += take
-            self._emit("swap_out", victim, blocks=take)
+            self.lifecycle.swapped_out(victim, take)
             if victim.device_blocks == 0:
                 victims.pop()
                 if victim.phase is Phase.PAUSED:
@@ -293,30 +293,20 @@ class InferceptCodeSimulator(Simulator):
             self._recompute(sim_request)
 
     def _preempt_by_swap(self, sim_request: SimRequest) -> None:
+        """Preempted by swap once its last device block went out: its blocks are on the host."""
         self.running.remove(sim_request)
-        sim_request.preemptions += 1
         sim_request.phase = Phase.SWAPPED
-        sim_request.wait_since_s = self.now
         self.swapped.append(sim_request)
-        self._emit_preempt(sim_request)
-
-    def _emit_preempt(self, sim_request: SimRequest) -> None:
-        """A preemption: by swap once its last device block went out (its blocks are on the host), or
-        by recompute (its blocks on both sides are freed)."""
-        strategy = sim_request.progress.strategy
-        self._emit("preempt", sim_request, strategy=strategy.value if strategy else None,
-                   freed_blocks=sim_request.device_blocks + sim_request.host_blocks)
+        self.lifecycle.preempted(sim_request, sim_request.device_blocks + sim_request.host_blocks)
 
     def _recompute(self, sim_request: SimRequest) -> None:
         """Free all of a request's KV (device and host); it queues again for a full prefill."""
         self.device.release(sim_request.device_blocks)
         self.host.release(sim_request.host_blocks)
-        self._emit_preempt(sim_request)
+        self.lifecycle.preempted(sim_request, sim_request.device_blocks + sim_request.host_blocks)
         sim_request.device_blocks = sim_request.host_blocks = 0
         sim_request.progress.computed_tokens = 0
-        sim_request.preemptions += 1
         sim_request.phase = Phase.WAITING
-        sim_request.wait_since_s = self.now
         self.queue.push(sim_request.progress, self.load(), self.iteration)
 
     # --- calls -------------------------------------------------------------------------------
@@ -332,8 +322,8 @@ class InferceptCodeSimulator(Simulator):
         remaining_s = self.policy.remaining_call_s(progress, self.load())
         progress.assign(StrategyAssignment(progress.segment_index, strategy, self.now, progress.computed_tokens,
                                            remaining_s, "reconsidered"))
-        self._emit_assignment(sim_request, progress.assignments[-1])
-        sim_request.strategies_run[-1] = strategy.value
+        self.lifecycle.assignments(sim_request, len(progress.assignments) - 1, _QUEUE_OF_PHASE[sim_request.phase])
+        sim_request.strategies[-1] = strategy.value
         if strategy is Strategy.DISCARD:
             self.device.release(sim_request.device_blocks)
             self.host.release(sim_request.host_blocks)
