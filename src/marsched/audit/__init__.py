@@ -1,8 +1,8 @@
 """`marsched audit`: check a scheduling trace against the rules of the policy it ran.
 
 `audit_trace(path, policy)` reads the trace once, in order, and hands every event to
-the checks (one module each: `order`, `strategy`, `starvation`, `lifecycle`, `memory`),
-which see the waiting queue as rebuilt from the events before them (`queue_model`).
+the checks (one module each: `order`, `strategy`, `starvation`, `protection`, `lifecycle`,
+`memory`), which see the waiting queue as rebuilt from the events before them (`queue_model`).
 A trace that cannot be read raises `TraceReadError` with its line number.
 """
 
@@ -17,6 +17,7 @@ from marsched.audit.declared import Declared, declared
 from marsched.audit.lifecycle import Lifecycle
 from marsched.audit.memory import Memory
 from marsched.audit.order import RankingOrder
+from marsched.audit.protection import ProtectionRule
 from marsched.audit.queue_model import QueueModel
 from marsched.audit.reader import Line, TraceReadError, read_events
 from marsched.audit.starvation import StarvationRule
@@ -34,6 +35,7 @@ class AuditResult:
     requests: int
     violations: list[Violation]
     seconds: float
+    notes: tuple[str, ...] = ()  # what the trace did not let the checks decide
 
     @property
     def clean(self) -> bool:
@@ -58,7 +60,8 @@ def audit_trace(path: str | os.PathLike[str], policy: str | None = None) -> Audi
                          (run.number,)))
     model = QueueModel(rules.starvation)
     lifecycle, memory = Lifecycle(report), Memory(report, rules)
-    checks = [StrategyRules(report, rules), StarvationRule(report, rules, model)]
+    protection = ProtectionRule(report, rules, model)
+    checks = [StrategyRules(report, rules), StarvationRule(report, rules, model), protection]
     if rules.order_checked:
         checks.append(RankingOrder(report, rules, model))
     handlers: dict[str, list] = {}
@@ -81,4 +84,5 @@ def audit_trace(path: str | os.PathLike[str], policy: str | None = None) -> Audi
     lifecycle.finish(last)
     memory.finish(last)
     violations.sort(key=lambda v: (v.t, v.lines))
-    return AuditResult(path, rules, events, len(lifecycle.lives), violations, time.perf_counter() - started)
+    return AuditResult(path, rules, events, len(lifecycle.lives), violations, time.perf_counter() - started,
+                       tuple(protection.notes()))

@@ -10,6 +10,7 @@ from rich.console import Console
 
 from marsched.audit import TraceReadError, audit_trace
 from marsched.cli_checks import fail
+from marsched.policy.policy import Protection
 from marsched.policy.registry import POLICY_NAMES
 
 _SHOWN = 50  # violations printed per check; the counts say how many more
@@ -33,10 +34,12 @@ def audit(
     rules = result.declared
     out.print(f"{trace}: {result.events} events, {result.requests} requests, engine {rules.engine}, audited as "
               f"{rules.policy} (order {rules.order.value}, strategy {rules.rule.value}, starvation "
-              f"{rules.starvation.variant}); {result.seconds:.2f} s", markup=False)
+              f"{rules.starvation.variant}{_protection(rules)}); {result.seconds:.2f} s", markup=False)
     if not rules.order_checked:
         out.print(f"order not checked: {rules.policy} admits from two queues in passes, and a request that "
                   "can take its blocks may pass one that cannot", markup=False)
+    for note in result.notes:
+        out.print(note, markup=False)
     shown: dict[str, int] = {}
     for violation in result.violations:
         check = violation.check.value
@@ -50,6 +53,15 @@ def audit(
     hidden = sum(max(n - show, 0) for n in shown.values())
     out.print(f"{len(result.violations)} violations ({summary})" + (f"; {hidden} not shown (--show)" if hidden else ""))
     raise typer.Exit(1)
+
+
+def _protection(rules) -> str:
+    """How long an admitted promoted request is protected from preemption, for the header."""
+    s = rules.starvation
+    if not s.enabled:
+        return ""
+    span = f"{s.quantum} iterations" if s.protection is Protection.QUANTUM else "to the segment's end"
+    return f", protection {span}{', for life' if s.for_life else ''}"
 
 
 def plot(

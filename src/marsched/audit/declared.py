@@ -11,7 +11,7 @@ from dataclasses import dataclass
 
 from marsched.audit.reader import Line, TraceReadError
 from marsched.audit.keys import RECOMPUTED, key_policy
-from marsched.policy.policy import Order, Policy, StarvationClock, StarvationCount, StrategyRule
+from marsched.policy.policy import Order, Policy, Protection, StarvationClock, StarvationCount, StrategyRule
 from marsched.policy.registry import named_rules
 from marsched.policy.strategy import Strategy
 
@@ -24,6 +24,8 @@ class Starvation:
     for_life: bool
     variant: str
     fcfs_multiple: float | None = None  # the threshold moves with the FCFS wait; events report it
+    protection: Protection = Protection.QUANTUM  # how long an admitted promoted request is not preempted
+    quantum: int = 0  # under quantum protection: iterations from the admission
 
     @property
     def moves(self) -> bool:
@@ -62,7 +64,8 @@ def declared(path: str, run: Line, policy: str | None) -> Declared:
         s = p["starvation"]
         starvation = Starvation(s["threshold"], StarvationClock(s["clock"]), StarvationCount(s["counts"]),
                                 bool(s["for_life"]), str(s.get("variant", "custom")),
-                                float(s["fcfs_multiple"]) if s.get("fcfs_multiple") is not None else None)
+                                float(s["fcfs_multiple"]) if s.get("fcfs_multiple") is not None else None,
+                                Protection(s["protection"]), int(s["quantum"]))
         if policy is None:
             order, rule = Order(p["order"]), StrategyRule(p["rule"])
             fixed = Strategy(p["fixed_strategy"]) if p["fixed_strategy"] else None

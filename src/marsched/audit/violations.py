@@ -11,6 +11,7 @@ class Check(str, Enum):
     ORDER = "order"  # admissions follow the ranking key, promoted requests first
     STRATEGY = "strategy"  # assigned before the segment's first token, never changed
     STARVATION = "starvation"  # the counter, the threshold, the promotion
+    PROTECTION = "protection"  # no protected request is preempted
     LIFECYCLE = "lifecycle"  # no request lost, none finished twice
     MEMORY = "memory"  # within capacity, nothing held at the end
 
