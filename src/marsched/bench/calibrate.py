@@ -37,13 +37,16 @@ import statistics
 import tempfile
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, dataclass, field
 from datetime import datetime, timezone
 from pathlib import Path
 from typing import Any
 
 from marsched.bench.fit import IterationFit, LineFit, StepSample, fit_iteration_time, fit_line
-from marsched.bench.real import BLOCK_TOKENS, ModelInfo, kv_blocks_for, prompt_token_ids, read_jsonl, read_model
+from marsched.bench.engine_config import BLOCK_TOKENS, KV_SPACE_VAR, engine_kwargs, plan_engine
+from marsched.bench.model import ModelInfo, read_model
+from marsched.bench.records import read_jsonl
+from marsched.bench.stream import prompt_token_ids
 
 Echo = Callable[[str], None]
 _GB = 1e9
@@ -223,22 +226,17 @@ def measure(model_dir: str, plan: CalibrationPlan, echo: Echo = print) -> Measur
     started = time.monotonic()
     when = datetime.now(timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")
     model = read_model(model_dir)
-    dtype = model.dtype if plan.dtype == "auto" else plan.dtype
-    info = replace(model, dtype=dtype)
+    sizing = plan_engine(model, dtype=plan.dtype, kv_cache_gb=plan.kv_cache_gb)  # as bench sizes its engine
+    dtype = sizing.dtype
+    info = sizing.engine_model(model)
     workdir = Path(tempfile.mkdtemp(prefix="marsched-calibrate-"))
     step_log = workdir / "steps.jsonl"
-    saved_env = {k: os.environ.get(k) for k in (ENV_VAR, "VLLM_CPU_KVCACHE_SPACE")}
+    saved_env = {k: os.environ.get(k) for k in (ENV_VAR, KV_SPACE_VAR)}
     os.environ[ENV_VAR] = str(step_log)
-    kwargs: dict[str, Any] = {"dtype": dtype, "enforce_eager": True, "block_size": BLOCK_TOKENS, "seed": plan.seed,
-                              "enable_prefix_caching": False, "distributed_executor_backend": "uni",
-                              "max_model_len": model.max_position}
-    if plan.kv_cache_gb is not None:
-        blocks = kv_blocks_for(plan.kv_cache_gb, info.kv_bytes_per_token)
-        kwargs["num_gpu_blocks_override"] = blocks
-        kwargs["max_model_len"] = min(model.max_position, (blocks - 1) * BLOCK_TOKENS)
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = str(max(1, math.ceil(plan.kv_cache_gb)))
-    elif "VLLM_CPU_KVCACHE_SPACE" not in os.environ:
-        os.environ["VLLM_CPU_KVCACHE_SPACE"] = "1"  # vLLM's default takes most of the machine's memory
+    if sizing.kv_space_gib is not None:
+        os.environ[KV_SPACE_VAR] = str(sizing.kv_space_gib)
+    kwargs: dict[str, Any] = {**engine_kwargs(sizing, plan.seed), "enable_prefix_caching": False,
+                              "distributed_executor_backend": "uni"}
     # The largest prefill is one step: the budget must hold it (vLLM's default may be smaller).
     kwargs["max_num_batched_tokens"] = max(max(plan.prefill_tokens), 2048)
     kwargs["max_num_seqs"] = max(max(plan.decode_batches), 256)

@@ -6,38 +6,26 @@ imports torch, transformers or vLLM until it runs.
 
 from __future__ import annotations
 
-import importlib.util
 import os
-import sys
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Annotated
 
 import typer
-from rich.console import Console
-from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
 
-from marsched.bench.model import DTYPES, ModelDirError, ModelShape, check_out_dir
+from marsched.bench.model import DTYPES, ModelShape, check_out_dir, read_model
 from marsched.bench.report import plot_latency, write_json
-from marsched.cli_checks import fail, positive_numbers
+from marsched.cli_checks import (
+    checked, comma_names, existing_folder, fail, load_trace_or_fail, need_modules, positive_numbers, whole_numbers,
+)
+from marsched.cli_output import console, errors, progress, strategy_cells
 from marsched.workload.loader import TRACE_NAMES
 
 if TYPE_CHECKING:
     from marsched.bench.calibrate import Calibration, Measurements
 
-console = Console(width=None if sys.stdout.isatty() else 150)
-errors = Console(stderr=True)
 _SMALL = ModelShape()
-
-
-_fail = fail
-
-
-def _need_vllm(command: str) -> None:
-    for module in ("vllm", "transformers"):
-        if importlib.util.find_spec(module) is None:
-            _fail(f"marsched {command} needs {module}: pip install 'marsched[vllm]'")
 
 
 # --- marsched model --------------------------------------------------------------------------
@@ -61,12 +49,9 @@ def model(
     The defaults are the "small" shape measured on this kind of 2-core CPU (docs: cpu-vllm-measurements): 4 layers, hidden 512, 8/2 heads, 48M parameters, bf16. Its forward pass is mostly real compute (about 2.6 ms per decode step at batch 1, 26 ms for a 512-token prefill, 0.14 µs per context token read in decode), so prefill, batch size and context length all show in iteration time; smaller shapes are mostly framework overhead. bf16 runs faster than float32 on vLLM's CPU build (AVX-512 BF16) and halves the KV cache per token.
     """
     shape = ModelShape(layers, hidden, heads, kv_heads, intermediate, vocab, max_position, seed, dtype)
-    try:
-        shape.check()
-        check_out_dir(out, force)
-    except (ModelDirError, ValueError) as error:
-        _fail(str(error))
-    _need_vllm("model")
+    checked(shape.check)
+    checked(lambda: check_out_dir(out, force))  # a ModelDirError is a ValueError
+    need_modules("model")
     from marsched.bench.model import build_model
 
     with errors.status(f"building {shape.parameters / 1e6:.1f}M-parameter model in {out}"):
@@ -92,11 +77,10 @@ def _table(records: list[dict]) -> Table:
             table.add_row(f"{r['qps']:g}", r["policy"], *["-"] * 8, f"{it['p50_s'] * 1e3:.1f}",
                           f"{it['p99_s'] * 1e3:.1f}", f"{it['schedule_p50_s'] * 1e3:.2f}", finished)
             continue
-        strategies = " ".join(f"{k[0].upper()}{v}" for k, v in r["strategy_counts"].items())
         table.add_row(
             f"{r['qps']:g}", r["policy"], f"{r['e2e_mean_s']:.2f}", f"{r['e2e_p50_s']:.2f}", f"{r['e2e_p99_s']:.2f}",
             f"{r['ttft_mean_s']:.3f}", f"{r['ttft_p99_s']:.3f}", f"{r['e2e_mean_s'] / r['isolated_e2e_mean_s']:.2f}",
-            str(r["preemptions"]), strategies, f"{it['p50_s'] * 1e3:.1f}", f"{it['p99_s'] * 1e3:.1f}",
+            str(r["preemptions"]), strategy_cells(r["strategy_counts"]), f"{it['p50_s'] * 1e3:.1f}", f"{it['p99_s'] * 1e3:.1f}",
             f"{it['schedule_p50_s'] * 1e3:.2f}", finished)
     return table
 
@@ -139,29 +123,20 @@ def bench(
 
     Poisson arrivals, prompt ids generated from each request's id, each segment's length forced, API calls as timed sleeps. Writes the same records as `compare` with engine "vllm", plus the measured step times, the model and the KV capacity. Ctrl-C stops the run, writes what was measured (marked "partial") and shuts the engine down.
     """
-    from marsched.bench.real import BenchSpec, plan_engine, read_model, run_bench
+    from marsched.bench.real import run_bench
+    from marsched.bench.spec import BenchSpec
 
     rates = positive_numbers(qps, "--qps", "0.5,1,2")
-    names = tuple(p.strip() for p in policies.split(",") if p.strip())
-    spec = BenchSpec(str(model_dir), trace, names, tuple(rates), duration, seed, api_time_scale, token_scale,
-                     kv_cache_gb, max_requests, max_model_len, predictor, api_estimator, strict, dtype, profile,
-                     starvation)
-    try:
-        spec.check()
-        plan_engine(spec, read_model(model_dir))  # a KV cache too small for one block fails here
-    except ValueError as error:
-        _fail(str(error))
-    from marsched.workload.loader import load_trace
-
-    try:
-        load_trace(trace, strict=strict)
-    except ValueError as error:
-        message = str(error)
-        _fail(f"--trace {message}" if message.startswith(f"{trace}:") else f"--trace {trace}: {message}")
+    spec = BenchSpec(str(model_dir), trace, tuple(comma_names(policies)), tuple(rates), duration, seed,
+                     api_time_scale, token_scale, kv_cache_gb, max_requests, max_model_len, predictor, api_estimator,
+                     strict, dtype, profile, starvation)
+    checked(spec.check)
+    checked(lambda: spec.engine_plan(read_model(model_dir)))  # a KV cache too small for one block fails here
+    load_trace_or_fail(trace, strict)
     for flag, path in (("--json", json_path), ("--plot", plot)):
-        if path is not None and not path.parent.is_dir():
-            _fail(f"{flag} {path}: directory {path.parent} does not exist")
-    _need_vllm("bench")
+        if path is not None:
+            existing_folder(flag, path)
+    need_modules("bench")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")  # vLLM's INFO and WARNING lines would bury the progress bar
 
     records: list[dict] = []
@@ -171,18 +146,16 @@ def bench(
         if json_path:
             write_json(records, json_path)
 
-    progress = Progress(TextColumn("{task.description}"), BarColumn(), MofNCompleteColumn(), TimeElapsedColumn(),
-                        console=errors, transient=True, disable=not sys.stderr.isatty())
-    with progress:
-        task = progress.add_task("starting", total=None)
+    with progress() as bar:
+        task = bar.add_task("starting", total=None)
         try:
             result = run_bench(spec, on_record=save,
-                               on_progress=lambda what, done, total: progress.update(task, description=what,
-                                                                                      completed=done, total=total))
+                               on_progress=lambda what, done, total: bar.update(task, description=what,
+                                                                                 completed=done, total=total))
         except Exception as error:  # noqa: BLE001 - vLLM failing to start or dying: one line, not a traceback
-            progress.stop()
+            bar.stop()
             kept = f"; the {len(records)} finished run(s) are in {json_path}" if json_path and records else ""
-            _fail(f"vLLM failed ({type(error).__name__}: {error}); its log is above{kept}")
+            fail(f"vLLM failed ({type(error).__name__}: {error}); its log is above{kept}")
     records = result.records
     if json_path:
         write_json(records, json_path)
@@ -190,7 +163,7 @@ def bench(
         if result.partial and not result.error:
             errors.print("interrupted before any run started; nothing measured", highlight=False)
             raise typer.Exit(130)
-        _fail(result.error or "nothing measured")
+        fail(result.error or "nothing measured")
     console.print(_table(records))
     first = records[0]
     kv = first["kv_cache"]
@@ -205,20 +178,12 @@ def bench(
             plot_latency(complete, plot)
             console.print(f"plot: {plot}")
     if result.error:
-        _fail(result.error)
+        fail(result.error)
     if result.partial:
         raise typer.Exit(130)
 
 
 # --- marsched calibrate ----------------------------------------------------------------------
-
-
-def _whole_numbers(text: str, flag: str) -> tuple[int, ...]:
-    try:
-        values = tuple(int(v) for v in text.split(",") if v.strip())
-    except ValueError:
-        _fail(f"{flag} {text!r}: give comma-separated whole numbers, e.g. 1,4,16")
-    return values
 
 
 def calibrate(
@@ -254,23 +219,17 @@ def calibrate(
                             ("decode_contexts", decode_contexts, "--decode-contexts"),
                             ("swap_blocks", swap_blocks, "--swap-blocks")):
         if text is not None:
-            overrides[key] = _whole_numbers(text, flag)
+            overrides[key] = whole_numbers(text, flag)
     for key, value in (("decode_steps", decode_steps), ("repeats", repeats)):
         if value is not None:
             overrides[key] = value
     plan = replace(plan, **overrides)
-    from marsched.bench.real import read_model
-
-    try:
-        plan.check()
-        read_model(model_dir)
-    except ValueError as error:
-        _fail(str(error))
+    checked(plan.check)
+    checked(lambda: read_model(model_dir))
     if out.exists() and not force:
-        _fail(f"--out {out}: exists; add --force to overwrite it")
-    if not out.parent.is_dir():
-        _fail(f"--out {out}: directory {out.parent} does not exist")
-    _need_vllm("calibrate")
+        fail(f"--out {out}: exists; add --force to overwrite it")
+    existing_folder("--out", out)
+    need_modules("calibrate")
     os.environ.setdefault("VLLM_LOGGING_LEVEL", "ERROR")
     from marsched.bench.calibrate import calibrated_profile, fit_measurements, measure
     from marsched.vllm.config import MarsConfig
@@ -281,13 +240,10 @@ def calibrate(
     try:
         measured = measure(str(model_dir), plan, echo)
     except ValueError as error:
-        _fail(str(error))
+        fail(str(error))
     except Exception as error:  # noqa: BLE001 - vLLM failing: one line, its log is above
-        _fail(f"vLLM failed ({type(error).__name__}: {error}); its log is above")
-    try:
-        fitted = fit_measurements(measured)
-    except ValueError as error:
-        _fail(str(error))
+        fail(f"vLLM failed ({type(error).__name__}: {error}); its log is above")
+    fitted = checked(lambda: fit_measurements(measured))
     host_tokens = (MarsConfig().host_swap_tokens if plan.host_swap_gb is None
                    else int(plan.host_swap_gb * 1e9 // measured.model.kv_bytes_per_token))
     profile = calibrated_profile(measured, fitted, name or out.stem, host_tokens)

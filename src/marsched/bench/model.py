@@ -19,6 +19,10 @@ bf16 through oneDNN kernels on AVX-512 BF16 / AMX hardware, and KV cache per tok
 float32's, so a given `VLLM_CPU_KVCACHE_SPACE` holds twice the tokens. `--dtype float32`
 gives a model for exact greedy comparisons (as the tests' tiny model).
 
+`read_model` reads back what the bench and calibration need from any Llama-like model
+directory's config.json (`ModelInfo`); a built shape and a read model share one KV size
+formula (`kv_bytes_per_token`).
+
 This module imports torch, transformers and tokenizers only inside `build_model`, so that
 `marsched.cli` imports without them.
 """
@@ -29,6 +33,7 @@ import json
 import os
 from dataclasses import asdict, dataclass
 from pathlib import Path
+from typing import Any
 
 import numpy as np
 
@@ -39,6 +44,16 @@ DTYPES = ("bfloat16", "float32")
 
 class ModelDirError(ValueError):
     """The output directory cannot be used; the message names the flag that fixes it."""
+
+
+def dtype_bytes(dtype: str) -> int:
+    """Bytes of one value: 4 for float32, 2 for the half types (bfloat16, float16)."""
+    return 4 if dtype == "float32" else 2
+
+
+def kv_bytes_per_token(layers: int, kv_heads: int, head_dim: int, dtype: str) -> int:
+    """K and V of every layer for one token."""
+    return 2 * layers * kv_heads * head_dim * dtype_bytes(dtype)
 
 
 @dataclass(frozen=True, slots=True)
@@ -75,19 +90,59 @@ class ModelShape:
         return self.hidden // self.heads
 
     @property
-    def dtype_bytes(self) -> int:
-        return 2 if self.dtype == "bfloat16" else 4
-
-    @property
     def kv_bytes_per_token(self) -> int:
         """K and V of every layer for one token, in the model's dtype."""
-        return 2 * self.layers * self.kv_heads * self.head_dim * self.dtype_bytes
+        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.dtype)
 
     @property
     def parameters(self) -> int:
         h, kv = self.hidden, self.kv_heads * self.head_dim
         per_layer = 2 * h * h + 2 * h * kv + 3 * h * self.intermediate + 2 * h  # attention, MLP, two norms
         return self.layers * per_layer + 2 * self.vocab * h + h  # untied embedding and head, final norm
+
+
+@dataclass(frozen=True, slots=True)
+class ModelInfo:
+    """What the bench and calibration read from a model directory (`read_model`)."""
+
+    path: str
+    layers: int
+    kv_heads: int
+    head_dim: int
+    dtype: str  # bfloat16 | float32 | float16
+    max_position: int
+    vocab: int
+    name: str
+
+    @property
+    def kv_bytes_per_token(self) -> int:
+        return kv_bytes_per_token(self.layers, self.kv_heads, self.head_dim, self.dtype)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"path": self.path, "name": self.name, "layers": self.layers, "kv_heads": self.kv_heads,
+                "head_dim": self.head_dim, "dtype": self.dtype, "max_position": self.max_position,
+                "vocab": self.vocab, "kv_bytes_per_token": self.kv_bytes_per_token}
+
+
+def read_model(path: str | os.PathLike[str]) -> ModelInfo:
+    """What the bench needs from a Hugging Face model directory's config.json; ValueError naming --model."""
+    config_path = Path(path) / "config.json"
+    try:
+        config = json.loads(config_path.read_text())
+    except FileNotFoundError:
+        raise ValueError(f"--model {path}: no config.json there; build a model with `marsched model --out DIR`") from None
+    except (OSError, json.JSONDecodeError) as error:
+        raise ValueError(f"--model {path}: cannot read config.json ({error})") from None
+    try:
+        heads = int(config["num_attention_heads"])
+        head_dim = int(config.get("head_dim") or int(config["hidden_size"]) // heads)
+        dtype = str(config.get("dtype") or config.get("torch_dtype") or "bfloat16")
+        return ModelInfo(str(path), int(config["num_hidden_layers"]), int(config.get("num_key_value_heads", heads)),
+                         head_dim, dtype if dtype in ("float32", "float16") else "bfloat16",
+                         int(config.get("max_position_embeddings", 2048)), int(config["vocab_size"]),
+                         Path(path).resolve().name)
+    except (KeyError, TypeError, ValueError) as error:
+        raise ValueError(f"--model {path}: config.json lacks a Llama-like field ({error})") from None
 
 
 def check_out_dir(out: Path, force: bool) -> None:
