@@ -14,40 +14,9 @@ from __future__ import annotations
 import argparse
 import json
 import sys
-from dataclasses import replace
 from pathlib import Path
 
-from marsched.bench.real import bench_requests
-from marsched.bench.runner import RunSpec
-from marsched.metrics.records import summarize
-from marsched.predict.length import prepare_length_predictor
-from marsched.sim.select import make_simulator
-from marsched.workload.loader import load_trace
-
-
-def simulate_point(record: dict, profile_path: str) -> dict:
-    """The simulator's summary for the stream one bench record replayed."""
-    # Records name the segment predictor as LENGTH+api:ESTIMATOR.
-    length, _, estimator = record.get("predictor", "oracle+api:type-mean").partition("+api:")
-    starvation = record.get("starvation", "default")
-    if record.get("starvation_fcfs_multiple") is not None:
-        starvation = f"{starvation}:{record['starvation_fcfs_multiple']}"
-    spec = RunSpec(policy=record["policy"], qps=record["qps"], trace=record["trace"], profile=profile_path,
-                   duration_s=record["duration_s"], seed=record["seed"], predictor=length,
-                   api_estimator=estimator or "type-mean", starvation=starvation,
-                   starvation_threshold=record.get("starvation_threshold", "default"))
-    profile, policy = spec.build()
-    kv = record["kv_cache"]
-    profile = replace(profile, device_blocks=kv["blocks"], block_tokens=kv["block_tokens"],
-                      max_sequences=kv.get("max_num_seqs", profile.max_sequences),
-                      cost=replace(profile.cost, token_budget=kv["max_num_batched_tokens"]))
-    templates = load_trace(record["trace"])
-    prepare_length_predictor(policy.predictor.length, templates, record["trace"])  # as run_one does
-    # The bench's stream, cut where the bench cut it (`--max-requests`): it ran `num_requests`.
-    requests = bench_requests(templates, record["qps"], record["duration_s"], record["seed"], record["token_scale"],
-                              kv["max_model_len"], record["api_time_scale"], record["num_requests"])
-    result = make_simulator(requests, profile, policy).run()
-    return summarize(result.records)
+from marsched.experiments.sim_vs_bench import comparison, comparison_lines
 
 
 def main() -> int:
@@ -63,28 +32,8 @@ def main() -> int:
     except (OSError, ValueError) as error:
         print(f"error: {args.bench_json}: not a marsched bench JSON ({error})", file=sys.stderr)
         return 2
-    rows = []
-    for record in records:
-        if record.get("partial") or record.get("engine") != "vllm":
-            continue
-        sim = simulate_point(record, args.profile)
-        rows.append({"qps": record["qps"], "policy": record["policy"], "bench_e2e_mean_s": record["e2e_mean_s"],
-                     "sim_e2e_mean_s": sim["e2e_mean_s"], "bench_e2e_p99_s": record["e2e_p99_s"],
-                     "sim_e2e_p99_s": sim["e2e_p99_s"],
-                     "error": sim["e2e_mean_s"] / record["e2e_mean_s"] - 1})
-    print("| qps | policy | bench mean s | sim mean s | error | bench p99 s | sim p99 s |")
-    print("| --- | --- | --- | --- | --- | --- | --- |")
-    for r in rows:
-        print(f"| {r['qps']:g} | {r['policy']} | {r['bench_e2e_mean_s']:.2f} | {r['sim_e2e_mean_s']:.2f} | "
-              f"{r['error']:+.0%} | {r['bench_e2e_p99_s']:.2f} | {r['sim_e2e_p99_s']:.2f} |")
-    orders = {}
-    for qps in sorted({r["qps"] for r in rows}):
-        at = [r for r in rows if r["qps"] == qps]
-        bench_order = [r["policy"] for r in sorted(at, key=lambda r: r["bench_e2e_mean_s"])]
-        sim_order = [r["policy"] for r in sorted(at, key=lambda r: r["sim_e2e_mean_s"])]
-        orders[qps] = {"bench": bench_order, "sim": sim_order, "same": bench_order == sim_order}
-        print(f"qps {qps:g}: bench order {' < '.join(bench_order)}; simulator {' < '.join(sim_order)}"
-              f"{'' if bench_order == sim_order else '  (differs)'}")
+    rows, orders = comparison(records, args.profile)
+    print("\n".join(comparison_lines(rows, orders)))
     if args.json:
         Path(args.json).write_text(json.dumps({"bench": args.bench_json, "profile": args.profile, "rows": rows,
                                                "orders": {str(k): v for k, v in orders.items()}}, indent=1) + "\n")

@@ -1,21 +1,16 @@
-"""scripts/infercept_curve.py: where a normalized-latency curve crosses its knee thresholds."""
+"""scripts/infercept_curve.py (marsched.experiments.infercept_curve): where a normalized-latency curve
+crosses its knee thresholds."""
 
 from __future__ import annotations
 
-import importlib.util
-from pathlib import Path
-
 import pytest
 
-SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "infercept_curve.py"
+from marsched.experiments import infercept_curve
 
 
 @pytest.fixture(scope="module")
 def curve():
-    spec = importlib.util.spec_from_file_location("infercept_curve", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return infercept_curve
 
 
 def test_the_crossing_is_interpolated_between_the_rates_around_it(curve):

@@ -3,7 +3,6 @@ intact, the seed sweep runs what it says, and its table computes the ratios and 
 
 from __future__ import annotations
 
-import importlib
 import json
 import os
 import subprocess
@@ -12,25 +11,19 @@ from pathlib import Path
 
 import pytest
 
+from marsched.experiments import never_loses_sets, never_loses_tables
+
 SCRIPTS = Path(__file__).resolve().parent.parent / "scripts"
-
-
-def _module(name: str):
-    sys.path.insert(0, str(SCRIPTS))  # the scripts folder is not a package; the tables script imports the sets
-    try:
-        return importlib.import_module(name)
-    finally:
-        sys.path.remove(str(SCRIPTS))
 
 
 @pytest.fixture(scope="module")
 def sets():
-    return _module("never_loses_sets")
+    return never_loses_sets
 
 
 @pytest.fixture(scope="module")
 def tables():
-    return _module("never_loses_tables")
+    return never_loses_tables
 
 
 @pytest.mark.parametrize("name", ["gptj", "calibrated"])
@@ -88,10 +81,24 @@ def test_the_script_refuses_what_it_does_not_know():
     assert result.returncode == 2 and "usage:" in result.stderr
 
 
-def test_the_seeds_table_divides_by_the_same_seeds_infercept_and_takes_medians(tables, tmp_path, capsys, monkeypatch):
-    monkeypatch.setattr(tables, "RESULTS", tmp_path)
-    monkeypatch.setattr(tables, "TOP", {"agent": 2.0})
-    monkeypatch.setattr(tables, "SEEDS", (0, 1, 2))
+def test_the_sets_script_prints_the_shell_assignments(sets):
+    shown = subprocess.run([sys.executable, str(SCRIPTS / "never_loses_sets.py"), "calibrated"], capture_output=True,
+                           text=True, check=True).stdout
+    assert shown == sets.shell("calibrated")
+    refused = subprocess.run([sys.executable, str(SCRIPTS / "never_loses_sets.py"), "nope"], capture_output=True,
+                             text=True)
+    assert refused.returncode == 1 and "usage: never_loses_sets.py gptj|calibrated" in refused.stderr
+
+
+def test_the_tables_script_refuses_a_trace_it_does_not_know():
+    # (Run on a known trace it would rewrite the results folder's frontier.png.)
+    refused = subprocess.run([sys.executable, str(SCRIPTS / "never_loses_tables.py"), "calibrated", "singel"],
+                             capture_output=True, text=True, timeout=120)
+    assert refused.returncode == 1 and "unknown: singel (traces: single, multi, agent)" in refused.stderr
+
+
+def test_the_seeds_table_divides_by_the_same_seeds_infercept_and_takes_medians(tables, tmp_path, capsys):
+    results = tables.SetResults(tmp_path, "test", {"agent": 2.0}, seeds=(0, 1, 2))
     (tmp_path / "seeds").mkdir()
 
     def write(name, policy, mean, p99):
@@ -105,7 +112,7 @@ def test_the_seeds_table_divides_by_the_same_seeds_infercept_and_takes_medians(t
         write(f"agent-seed{seed}", "mars", 0.5 * infercept * (1 + seed**2 / 10), 10 * infercept)
         write(f"agent-off-seed{seed}", "mars", 0.4 * infercept, 20 * infercept)
         write(f"agent-sjf-seed{seed}", "sjf", 0.45 * infercept, 15 * infercept)
-    tables.seeds_table(["agent"])
+    tables.seeds_table(results, ["agent"])
     out = capsys.readouterr().out
     assert "| agent 2 qps | 2 | 400.0 | 0.700 / 1.00 | 0.400 / 2.00 | 0.450 / 1.50 |" in out
     assert "| agent 2 qps | median of 3 | | 0.550 / 1.00 | 0.400 / 2.00 | 0.450 / 1.50 |" in out

@@ -1,8 +1,7 @@
-"""scripts/sim_vs_bench.py: a bench record's stream replayed on the simulator."""
+"""scripts/sim_vs_bench.py (marsched.experiments.sim_vs_bench): a bench record's stream replayed on the simulator."""
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import subprocess
 import sys
@@ -10,14 +9,13 @@ from pathlib import Path
 
 import pytest
 
+from marsched.experiments import sim_vs_bench
+
 SCRIPT = Path(__file__).resolve().parent.parent / "scripts" / "sim_vs_bench.py"
 
 
 def _module():
-    spec = importlib.util.spec_from_file_location("sim_vs_bench", SCRIPT)
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
+    return sim_vs_bench
 
 
 def _record(policy: str, e2e_mean_s: float) -> dict:

@@ -1,0 +1,151 @@
+"""The benchmark's servers: one per configuration, on the same model, KV cache, engine options and seed.
+
+- `vllm`:  stock vLLM (`python -m vllm.entrypoints.launchers.api_server.entry`), prefix
+  caching on (vLLM's default);
+- `mars`:  `marsched serve MODEL` (policy mars, `--retention policy`);
+- `fixed`: `marsched serve MODEL --retention fixed:T` (Continuum's time-to-live pinning).
+
+Each runs in its own process group (`Server`), stopped as a whole; `server_counters` reads the
+retention counters (`/marsched/state`) and vLLM's prefix cache (`/metrics`) after the load.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+from marsched.experiments.conversations.load import Load
+from marsched.serve.launch import stop_process_group
+
+CHAT_TEMPLATE = (
+    "{% for m in messages %}{% if m['role'] == 'assistant' and m.get('tool_calls') %}"
+    "{% for c in m['tool_calls'] %}call {{ c['function']['name'] }} {{ c['function']['arguments'] }}\n{% endfor %}"
+    "{% elif m['role'] == 'tool' %}result {{ m['content'] }}\n{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}"
+)
+ENTRY = "vllm.entrypoints.launchers.api_server.entry"
+START_TIMEOUT_S = 900.0
+CONFIGS = ("vllm", "mars", "fixed")
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """What every server gets alike."""
+
+    model: str
+    kv_blocks: int = 40  # --num-gpu-blocks-override: 128-token blocks on the CPU; ~4 conversations' contexts
+    max_model_len: int = 4096
+    fixed_s: float | None = None  # --retention fixed:T; None: 2 x the median tool time
+    extra: tuple[str, ...] = ()  # more vLLM options, for every configuration
+    marsched_extra: tuple[str, ...] = ()  # more `marsched serve` options (mars and fixed), e.g. --no-swap
+
+
+DEFAULT_ENGINE = Engine(model="")
+
+
+def server_command(config: str, engine: Engine, load: Load, port: int, template: Path) -> list[str]:
+    vllm_options = [
+        "--max-model-len", str(engine.max_model_len), "--num-gpu-blocks-override", str(engine.kv_blocks),
+        "--seed", str(load.seed), "--enforce-eager", "--enable-prefix-caching",
+        "--chat-template", str(template),
+        "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+        "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}',
+        "--disable-uvicorn-access-log", *engine.extra,
+    ]
+    if config == "vllm":
+        return [sys.executable, "-m", ENTRY, "--model", engine.model, "--host", "127.0.0.1", "--port", str(port),
+                *vllm_options]
+    marsched = [sys.executable, "-m", "marsched.cli", "serve", engine.model, "--port", str(port),
+                "--cpu-kv-cache-gib", "1", "--seed", str(load.seed)]
+    if not load.conversation_keys:  # a marsched without conversation retention knows neither keys nor flag
+        if config == "fixed":
+            raise ValueError("the fixed configuration needs conversation retention (drop --no-conversation-keys)")
+    elif config == "mars":
+        marsched += ["--retention", "policy"]
+    elif config == "fixed":
+        marsched += ["--retention", f"fixed:{fixed_seconds(engine, load):g}"]
+    else:
+        raise ValueError(f"unknown configuration {config!r}; give {', '.join(CONFIGS)}")
+    return marsched + [*engine.marsched_extra, "--", *vllm_options]
+
+
+def fixed_seconds(engine: Engine, load: Load) -> float:
+    return engine.fixed_s if engine.fixed_s is not None else 2 * load.tool_median_s
+
+
+class Server:
+    """One configuration's server in its own process group; `stop` ends the group."""
+
+    def __init__(self, command: list[str], port: int, log: Path) -> None:
+        self.command, self.url, self.log = command, f"http://127.0.0.1:{port}", log
+        env = dict(os.environ, VLLM_CPU_KVCACHE_SPACE="1")  # the blocks are set by --num-gpu-blocks-override
+        self._log = open(log, "w")
+        self.process = subprocess.Popen(command, stdout=self._log, stderr=subprocess.STDOUT, env=env,
+                                        start_new_session=True)
+
+    def wait_healthy(self, timeout_s: float = START_TIMEOUT_S) -> None:
+        deadline = time.monotonic() + timeout_s
+        while True:
+            if self.process.poll() is not None:
+                raise RuntimeError(f"server exited with status {self.process.returncode} before it was healthy; "
+                                   f"last lines of {self.log}:\n{tail(self.log)}")
+            if get(f"{self.url}/health") is not None:
+                return
+            if time.monotonic() > deadline:
+                raise RuntimeError(f"server not healthy after {timeout_s:.0f} s; see {self.log}")
+            time.sleep(0.5)
+
+    def stop(self) -> None:
+        # marsched serve stops its own vLLM group on SIGTERM; stock vLLM is the group itself.
+        stop_process_group(self.process, grace_s=60.0)
+        self._log.close()
+
+
+def get(url: str, timeout_s: float = 5.0) -> bytes | None:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout_s) as response:
+            return response.read() if response.status == 200 else None
+    except (urllib.error.URLError, OSError, ValueError):
+        return None
+
+
+def tail(path: Path, lines: int = 25) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return ""
+
+
+def server_counters(url: str) -> dict[str, Any]:
+    """Retention counters from /marsched/state (marsched only) and vLLM's prefix cache from /metrics."""
+    counters: dict[str, Any] = {}
+    state = get(f"{url}/marsched/state")
+    if state is not None:
+        scheduler = json.loads(state).get("scheduler") or {}
+        for key in ("retention_hits", "retention_misses", "retention_expired", "retention_released",
+                    "retention_reused_tokens", "promotions"):
+            if key in scheduler:
+                counters[key] = scheduler[key]
+    metrics = get(f"{url}/metrics")
+    if metrics is not None:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        sums: dict[str, float] = {}
+        for family in text_string_to_metric_families(metrics.decode()):
+            for sample in family.samples:
+                sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
+        for ours, theirs in (("prefix_cache_queries", "vllm:prefix_cache_queries_total"),
+                             ("prefix_cache_hits", "vllm:prefix_cache_hits_total"),
+                             ("preemptions", "vllm:num_preemptions_total")):
+            if theirs in sums:
+                counters[ours] = sums[theirs]
+        if counters.get("prefix_cache_queries"):
+            counters["prefix_cache_hit_rate"] = counters.get("prefix_cache_hits", 0) / counters["prefix_cache_queries"]
+    return counters
