@@ -3,26 +3,21 @@ is not protected by starvation prevention; the requester itself when every one i
 
 from __future__ import annotations
 
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from typing import TypeVar
-
-from marsched.policy.load import EngineLoad
-from marsched.policy.policy import Policy
-from marsched.policy.progress import RequestProgress
 
 H = TypeVar("H")
 
 
-def choose_victim(running: Iterable[H], requester: H, progress_of, policy: Policy, iteration: int,
-                  load: EngineLoad) -> H:
-    """The request to preempt so that `requester` can grow. `progress_of` maps a request to its
-    `RequestProgress`; the highest `policy.victim_key` among unprotected ones is the lowest-ranked."""
+def choose_victim(running: Iterable[H], requester: H, is_protected: Callable[[H], bool],
+                  victim_key: Callable[[H], float]) -> H:
+    """The request to preempt so that `requester` can grow: the highest `victim_key` (the policy's
+    `victim_key`: the lowest-ranked) among the unprotected; the first such on a tie."""
     best, best_key = None, None
     for request in running:
-        progress: RequestProgress = progress_of(request)
-        if policy.is_protected(progress, iteration):
+        if is_protected(request):
             continue
-        key = policy.victim_key(progress, load)
+        key = victim_key(request)
         if best is None or key > best_key:
             best, best_key = request, key
     return requester if best is None else best

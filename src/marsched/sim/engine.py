@@ -371,8 +371,10 @@ class Simulator:
             sim_request.device_blocks += needed
 
     def _victim(self, requester: SimRequest) -> SimRequest:
-        running = [r for r in self.running if r.phase is Phase.RUNNING]
-        return choose_victim(running, requester, lambda r: r.progress, self.policy, self.iteration, self.load())
+        load, policy = self.load(), self.policy
+        return choose_victim((r for r in self.running if r.phase is Phase.RUNNING), requester,
+                             lambda r: policy.is_protected(r.progress, self.iteration),
+                             lambda r: policy.victim_key(r.progress, load))
 
     def _preempt(self, sim_request: SimRequest) -> None:
         progress = sim_request.progress

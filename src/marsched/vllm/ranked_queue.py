@@ -50,15 +50,15 @@ class RankedRequestQueue(RequestQueue):
         self._requests: dict[str, Request] = {}
         self._held: Request | None = None
         self.popped: set[str] = set()  # ids popped since the scheduler last took this set (its admissions)
-        self.threshold: float | None = policy.starvation.threshold  # the promotion threshold at the last step
 
     # --- the scheduler's per-iteration calls ----------------------------------------
 
-    def promote_starving(self, iteration: int) -> list[RequestProgress]:
+    def promote_starving(self, iteration: int, now_s: float) -> list[RequestProgress]:
         self._unhold()
-        now = self._now()
-        self.threshold = self.queue.threshold(now)  # what this step's promotions used, for the trace
-        return self.queue.promote_starving(iteration, now)
+        return self.queue.promote_starving(iteration, now_s)
+
+    def threshold(self, now_s: float) -> float | None:
+        return self.queue.threshold(now_s)
 
     def refresh(self, load: EngineLoad, iteration: int) -> bool:
         self._unhold()

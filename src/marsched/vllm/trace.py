@@ -10,11 +10,14 @@ Times are `time.monotonic()` seconds, shared by all processes of one host.
 from __future__ import annotations
 
 import json
+import logging
 import os
 from pathlib import Path
 from typing import Any
 
 from marsched.metrics.trace import EventTrace
+
+logger = logging.getLogger(__name__)
 
 
 class LiveTrace(EventTrace):
@@ -26,15 +29,28 @@ class LiveTrace(EventTrace):
         self._file = open(self.path, "a", buffering=1)
 
     def emit(self, event: str, t: float, rid: str | None = None, **fields: Any) -> None:
+        if not self.enabled:
+            return
         record: dict[str, Any] = {"event": event, "t": round(t, 6)}
         if rid is not None:
             record["rid"] = rid
         record.update(fields)
-        self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        try:
+            self._file.write(json.dumps(record, separators=(",", ":")) + "\n")
+        except (OSError, ValueError) as error:  # a full disk must not stop the engine: stop tracing
+            logger.error("marsched: writing the event trace failed (%s); tracing stops here", error)
+            self.enabled = False
+            try:
+                self._file.close()
+            except OSError:
+                pass
 
     def close(self) -> None:
         if not self._file.closed:
-            self._file.close()
+            try:
+                self._file.close()
+            except OSError:  # the last line could not be flushed (a full disk)
+                pass
 
     abort = close
 

@@ -1,0 +1,47 @@
+"""vLLM's running list with the lifecycle's preemption victim (`marsched.lifecycle.choose_victim`).
+
+vLLM's FCFS scheduler, when a running request cannot grow, looks at `running[-1]` and pops it
+(`Scheduler.schedule`; the request it was scheduling is `running[req_index]`). `RunningOrder`
+is that list for one step: sorted best-ranked first (the order vLLM schedules them in), and
+its last element, read by vLLM at a preemption, is the victim the one rule names: the
+lowest-ranked unprotected request, or the requester itself when every running request is
+protected. vLLM replaces the list with a plain one when requests end; the scheduler wraps it
+again at the next step.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from typing import Any
+
+from marsched.lifecycle import choose_victim
+
+
+class RunningOrder(list):
+    def __init__(self, requests: list[Any], is_protected: Callable[[Any], bool],
+                 victim_key: Callable[[Any], float]) -> None:
+        super().__init__(requests)
+        self._is_protected = is_protected
+        self._victim_key = victim_key
+        self._requester: Any = None  # the request vLLM read last by its index: the one it schedules
+        self._victim: Any = None  # named by the last read of [-1], taken by the next pop()
+
+    def __getitem__(self, index: Any) -> Any:
+        if type(index) is not int:
+            return super().__getitem__(index)
+        if index == -1 and self:
+            requester = self._requester if self._requester is not None else super().__getitem__(-1)
+            self._victim = choose_victim(self, requester, self._is_protected, self._victim_key)
+            return self._victim
+        item = super().__getitem__(index)
+        if index >= 0:
+            self._requester = item
+        return item
+
+    def pop(self, index: int = -1) -> Any:
+        victim, self._victim = self._victim, None
+        if index == -1 and victim is not None:
+            for i, request in enumerate(self):
+                if request is victim:
+                    return super().pop(i)
+        return super().pop(index)
