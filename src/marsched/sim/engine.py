@@ -10,12 +10,8 @@ refuses it), and it runs for
 KV tokens read by the batch's sequences, sequences) while the host link moves swaps beside it.
 
 When the next iteration is bound to be the same as this one (every running request
-decoding, nothing admitted or preempted, no event due), the engine runs the
-identical iterations in one go up to the next event: the next arrival, call return,
-transfer completion, segment end, starvation promotion, or the point where decode
-growth would need more blocks than are free. The iterations are alike but for their
-time: each reads one more context token per sequence than the one before, so the
-stretch lasts an arithmetic series, summed exactly. The result is the same as one at a time.
+decoding, nothing admitted or preempted, no event due), the identical iterations up to the
+next event run in one go (`stretch.py`); the result is the same as one at a time.
 """
 
 from __future__ import annotations
@@ -24,8 +20,6 @@ import heapq
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass, field
-from enum import Enum
 
 from marsched.lifecycle import CallLifecycle, IterationTime, choose_victim
 from marsched.metrics.records import RequestRecord
@@ -34,82 +28,14 @@ from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy, StrategyRule
 from marsched.policy.progress import RequestProgress
 from marsched.policy.queue import WaitingQueue
-from marsched.policy.strategy import Strategy
+from marsched.sim.invariants import check_invariants
 from marsched.sim.isolated import isolated_latency
-from marsched.sim.link import HostLink, Transfer
+from marsched.sim.request import Phase, SimRequest, SimResult
+from marsched.sim.stretch import iterations_to_reach as _iterations_to_reach, series as _series
+from marsched.sim.link import HostLink
 from marsched.sim.memory import BlockPool, blocks_for
 from marsched.sim.profile import Profile
 from marsched.workload.model import Request
-
-
-def _series(first: float, growth: float, iterations: int) -> float:
-    """The time of `iterations` iterations, the first taking `first` and each next `growth` longer."""
-    return iterations * first + growth * iterations * (iterations - 1) / 2
-
-
-def _iterations_to_reach(seconds: float, first: float, growth: float) -> int:
-    """The fewest iterations (at least 1) whose series reaches `seconds`: the last one starts before it.
-
-    An event `seconds` ahead is due at the start of the iteration after that, as when stepping one
-    at a time. The tolerance, a billionth of an iteration, keeps an event that falls exactly on an
-    iteration boundary on that boundary despite rounding.
-    """
-    target = seconds - 1e-9 * first
-    if growth == 0.0:
-        return max(math.ceil(target / first), 1)
-    # Solve growth/2·n² + (first − growth/2)·n = target for n, then settle the integer by checking.
-    half = first - growth / 2
-    n = max(math.ceil((-half + math.sqrt(half * half + 2 * growth * max(target, 0.0))) / growth), 1)
-    while n > 1 and _series(first, growth, n - 1) >= target:
-        n -= 1
-    while _series(first, growth, n) < target:
-        n += 1
-    return n
-
-
-class Phase(str, Enum):
-    WAITING = "waiting"  # in the queue, needs prefill (new, preempted or discarded)
-    RUNNING = "running"
-    PAUSED = "paused"  # inside an API call
-    SWAPPED = "swapped"  # call returned, KV in host memory, in the queue for swap-in
-    SWAPPING_IN = "swapping-in"
-    FINISHED = "finished"
-
-
-_QUEUE_OF_PHASE = {
-    Phase.WAITING: "waiting", Phase.RUNNING: "running", Phase.PAUSED: "paused", Phase.SWAPPED: "swapped",
-    Phase.SWAPPING_IN: "running", Phase.FINISHED: "finished",
-}
-
-
-@dataclass(slots=True, eq=False)
-class SimRequest:
-    progress: RequestProgress
-    phase: Phase = Phase.WAITING
-    device_blocks: int = 0
-    host_blocks: int = 0
-    api_end_s: float = math.inf
-    transfer: Transfer | None = None
-    first_token_s: float = math.nan
-    finish_s: float = math.nan
-    wait_since_s: float = 0.0
-    max_wait_s: float = 0.0
-    preemptions: int = 0
-    strategies: list[str] = field(default_factory=list)  # the strategy each call ran under
-    override: Strategy | None = None  # a strategy the request chose itself (never, in a simulation)
-
-    @property
-    def rid(self) -> str:
-        return self.progress.request_id
-
-
-@dataclass(frozen=True, slots=True)
-class SimResult:
-    records: list[RequestRecord]
-    iterations: int
-    steps: int  # scheduling decisions made (identical iterations run together count once)
-    end_s: float
-    wallclock_s: float
 
 
 StepHook = Callable[["Simulator"], None]
@@ -569,16 +495,4 @@ class Simulator:
     # --- invariants (for tests and audits) ------------------------------------------
 
     def check_invariants(self) -> None:
-        device = sum(r.device_blocks for r in self.live.values())
-        host = sum(r.host_blocks for r in self.live.values())
-        if device != self.device.used or host != self.host.used:
-            raise AssertionError(
-                f"block accounting: device {self.device.used} in use vs {device} held; host {self.host.used} vs {host}"
-            )
-        if not (0 <= self.device.used <= self.device.capacity and 0 <= self.host.used <= self.host.capacity):
-            raise AssertionError("block pool outside its capacity")
-        for r in self.live.values():
-            p = r.progress
-            held = r.device_blocks + r.host_blocks if r.transfer is None else r.device_blocks
-            if r.device_blocks and blocks_for(p.computed_tokens, self.block_tokens) > held:
-                raise AssertionError(f"{r.rid}: {p.computed_tokens} computed tokens in {held} blocks")
+        check_invariants(self)

@@ -37,7 +37,8 @@ from marsched.policy.infercept_code import (
 )
 from marsched.policy.progress import StrategyAssignment
 from marsched.policy.strategy import Strategy
-from marsched.sim.engine import _QUEUE_OF_PHASE, Phase, SimRequest, Simulator
+from marsched.sim.engine import Simulator
+from marsched.sim.request import _QUEUE_OF_PHASE, Phase, SimRequest
 from marsched.sim.memory import blocks_for
 
 

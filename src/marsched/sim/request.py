@@ -1,0 +1,57 @@
+"""A request as the simulator holds it: its progress, its phase, where its KV blocks are."""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass, field
+from enum import Enum
+
+from marsched.metrics.records import RequestRecord
+from marsched.policy.progress import RequestProgress
+from marsched.policy.strategy import Strategy
+from marsched.sim.link import Transfer
+
+
+class Phase(str, Enum):
+    WAITING = "waiting"  # in the queue, needs prefill (new, preempted or discarded)
+    RUNNING = "running"
+    PAUSED = "paused"  # inside an API call
+    SWAPPED = "swapped"  # call returned, KV in host memory, in the queue for swap-in
+    SWAPPING_IN = "swapping-in"
+    FINISHED = "finished"
+
+
+_QUEUE_OF_PHASE = {
+    Phase.WAITING: "waiting", Phase.RUNNING: "running", Phase.PAUSED: "paused", Phase.SWAPPED: "swapped",
+    Phase.SWAPPING_IN: "running", Phase.FINISHED: "finished",
+}
+
+
+@dataclass(slots=True, eq=False)
+class SimRequest:
+    progress: RequestProgress
+    phase: Phase = Phase.WAITING
+    device_blocks: int = 0
+    host_blocks: int = 0
+    api_end_s: float = math.inf
+    transfer: Transfer | None = None
+    first_token_s: float = math.nan
+    finish_s: float = math.nan
+    wait_since_s: float = 0.0
+    max_wait_s: float = 0.0
+    preemptions: int = 0
+    strategies: list[str] = field(default_factory=list)  # the strategy each call ran under
+    override: Strategy | None = None  # a strategy the request chose itself (never, in a simulation)
+
+    @property
+    def rid(self) -> str:
+        return self.progress.request_id
+
+
+@dataclass(frozen=True, slots=True)
+class SimResult:
+    records: list[RequestRecord]
+    iterations: int
+    steps: int  # scheduling decisions made (identical iterations run together count once)
+    end_s: float
+    wallclock_s: float
