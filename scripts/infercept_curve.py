@@ -1,26 +1,7 @@
 """The simulator against INFERCEPT's published GPT-J curve (normalized latency over arrival rate).
 
-INFERCEPT (ICML 2024) published, for GPT-J 6B on one A100 and its six-augmentation mix (our
-bundled multi-API trace), the mean normalized latency of vLLM, Preserve and INFERCEPT over the
-arrival rate: the InferCept post on the WukLab blog, results figure panel (a),
-github.com/WukLab/wuklab_sysml@92e190d static/images/infercept/results.jpg. The points below
-are read off that figure by eye (about ±5 ms/token below 100, ±15 above).
-
-Normalized latency is INFERCEPT's: per request, (end − arrival − time inside API calls) over
-the tokens it generated, API-returned tokens included (WukLab/InferCept@3a1a4da
-benchmarks/final_tput_bench_real.py L411, where returns are appended as output tokens), averaged
-over requests (`np.mean(latencies)`, L437). Our records compute the same
-(`norm_latency_mean_s_per_token`); INFERCEPT's harness also counts requests unfinished at the end
-of its 1,800 s window up to that end, which ours (which drains) does not.
-
-The knee: the arrival rate at which the mean normalized latency first exceeds `factor` times its
-value at 1 req/s, linearly interpolated between the measured rates; the published knees are
-computed from the published points with the same rule, so the comparison is like for like.
-We report factor 2 (the first clear rise) and factor 5 (the cliff).
-
-Besides the bundled profile, the sweep runs variants that change one cost each, to show which
-costs move the curve toward the published one; each override carries its source, and an
-override fitted to the published curve says so.
+What is compared, the published points and their source, the knee rule and the profile
+variants: marsched.experiments.infercept_curve.
 
 Usage (about 8 minutes on 2 cores; the bundled profile over three seeds, 3 minutes):
     .venv/bin/python scripts/infercept_curve.py [--duration 1800] [--workers 2]

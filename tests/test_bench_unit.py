@@ -174,6 +174,9 @@ def test_iteration_fit_and_statistics():
     flat = fit_iteration(steps((0.02, 1, 1, 0), (0.03, 1, 1, 0)))  # one token count: no slope to fit
     assert flat["a_s_per_token"] == 0.0 and flat["c_s"] == pytest.approx(0.025)
     assert math.isnan(fit_iteration([])["c_s"])
+    # Noise that makes longer steps faster: no negative cost per token, a constant step time instead.
+    falling = fit_iteration(steps((0.03, 10, 1, 1), (0.02, 100, 1, 1), (0.01, 1000, 1, 1)))
+    assert falling["a_s_per_token"] == 0.0 and falling["c_s"] == pytest.approx(0.02)
 
 
 def test_read_jsonl_skips_a_line_cut_by_a_killed_engine(tmp_path):
@@ -256,6 +259,11 @@ def model_dir(tmp_path):
     (("--api-estimator", "psychic"), "--api-estimator psychic:"),
     (("--trace", "nope.txt"), "--trace nope.txt:"),
     (("--dtype", "int4"), "--dtype int4: valid: auto, bfloat16, float32"),
+    (("--seed", "-1"), "--seed -1: give an integer from 0 to 2^32-1"),
+    (("--max-model-len", "8"), "--max-model-len 8: give at least 32"),
+    (("--policies", "infercept-code"), "--policies infercept-code: runs only in the simulator"),
+    (("--profile", "nope.json"), "--profile nope.json: no profile file nope.json"),
+    (("--kv-cache-gb", "0"), "--kv-cache-gb 0: give a finite number of GiB > 0"),
 ])
 def test_bench_names_the_flag(model_dir, args, message):
     code, output = run("bench", "--model", model_dir, *args)

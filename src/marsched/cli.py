@@ -96,6 +96,18 @@ def main(version: Annotated[bool, typer.Option(
     """MARS scheduling for augmented LLM requests: simulate and compare policies, serve with vLLM."""
 
 
+def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float, seed: int, predictor: str,
+              api_estimator: str, starvation_threshold: str, starvation: str, admission: str, refresh_interval: int,
+              strict: bool, trace_out: str | None = None) -> RunSpec:
+    """The run the shared options of simulate and compare describe, each option checked on its own."""
+    threshold = checked(lambda: check_run_options(
+        profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
+        starvation_threshold_text=starvation_threshold, starvation=starvation, admission=admission,
+        refresh_interval=refresh_interval, duration=duration))
+    return RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold, refresh_interval,
+                   trace_out, strict=strict, starvation=starvation, admission=admission)
+
+
 @app.command()
 def simulate(
     policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICY_NAMES)}.")] = "mars",
@@ -117,14 +129,9 @@ def simulate(
     """Simulate one policy at one arrival rate."""
     checked(lambda: check_policy("--policy", policy))
     checked(lambda: check_positive("--qps", qps))
-    threshold = checked(lambda: check_run_options(
-        profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
-        starvation_threshold_text=starvation_threshold, starvation=starvation, admission=admission,
-        refresh_interval=refresh_interval, duration=duration))
+    spec = _run_spec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, starvation_threshold,
+                     starvation, admission, refresh_interval, strict, str(trace_out) if trace_out else None)
     check_outputs(json_path=json_path, trace_out=trace_out)
-    spec = RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold,
-                   refresh_interval, str(trace_out) if trace_out else None, strict=strict,
-                   starvation=starvation, admission=admission)
     checked(spec.build)  # what is left: combinations of options
     with trace_warnings_once():
         templates = load_trace_or_fail(trace, strict)
@@ -173,13 +180,9 @@ def compare(
     rates = positive_numbers(qps, "--qps", "3,4,5,6")
     if workers < 0:
         fail(f"--workers {workers}: give 0 (one per core) or a number of processes >= 1")
-    threshold = checked(lambda: check_run_options(
-        profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
-        starvation_threshold_text=starvation_threshold, starvation=starvation, admission=admission,
-        refresh_interval=refresh_interval, duration=duration))
+    base = _run_spec(names[0], rates[0], trace, profile, duration, seed, predictor, api_estimator,
+                     starvation_threshold, starvation, admission, refresh_interval, strict)
     check_outputs(json_path=json_path, plot=plot)
-    base = RunSpec(names[0], rates[0], trace, profile, duration, seed, predictor, api_estimator, threshold,
-                   refresh_interval, strict=strict, starvation=starvation, admission=admission)
     specs = grid(base, names, rates)
     for spec in specs:
         checked(spec.build)  # what is left: combinations of options
