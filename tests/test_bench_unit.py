@@ -4,11 +4,15 @@ from __future__ import annotations
 
 import json
 import math
+import os
 
 import pytest
 from typer.testing import CliRunner
 
-from marsched.bench.engine_config import BLOCK_TOKENS, enforce_eager, engine_kwargs, kv_blocks_for
+from marsched.bench.engine_config import (
+    BLOCK_TOKENS, KV_SPACE_VAR, enforce_eager, engine_kwargs, kv_blocks_for, restore_environment,
+    set_engine_environment,
+)
 from marsched.bench.model import ModelInfo, ModelShape, _corpus
 from marsched.bench.records import Outcome, fit_iteration, iteration_stats, read_jsonl, request_records
 from marsched.bench.spec import BenchSpec
@@ -143,6 +147,20 @@ def test_the_engine_runs_eagerly_on_the_cpu_only():
     assert engine_kwargs(plan, 7, _Platform(cpu=False)) == {**cpu, "enforce_eager": False}  # CUDA graphs on a GPU
     unsized = BenchSpec("m").engine_plan(model)
     assert "num_gpu_blocks_override" not in engine_kwargs(unsized, 0, _Platform(cpu=True))
+
+
+def test_the_engine_environment_is_set_for_the_start_and_put_back(monkeypatch):
+    monkeypatch.delenv("MARSCHED_TEST_STEP_LOG", raising=False)
+    monkeypatch.setenv(KV_SPACE_VAR, "7")
+    model = ModelInfo("m", 4, 2, 64, "bfloat16", 4096, 32_000, "m")
+    saved = set_engine_environment(BenchSpec("m", kv_cache_gb=2.5).engine_plan(model),
+                                   {"MARSCHED_TEST_STEP_LOG": "/tmp/steps.jsonl"})
+    assert os.environ["MARSCHED_TEST_STEP_LOG"] == "/tmp/steps.jsonl" and os.environ[KV_SPACE_VAR] == "3"
+    restore_environment(saved)
+    assert "MARSCHED_TEST_STEP_LOG" not in os.environ and os.environ[KV_SPACE_VAR] == "7"
+    saved = set_engine_environment(BenchSpec("m").engine_plan(model), {})  # sized by the variable as set
+    assert os.environ[KV_SPACE_VAR] == "7"
+    restore_environment(saved)
 
 
 def test_the_engine_knows_its_own_platform():

@@ -43,7 +43,9 @@ from pathlib import Path
 from typing import Any
 
 from marsched.bench.fit import IterationFit, LineFit, StepSample, fit_iteration_time, fit_line
-from marsched.bench.engine_config import BLOCK_TOKENS, KV_SPACE_VAR, engine_kwargs, plan_engine
+from marsched.bench.engine_config import (
+    BLOCK_TOKENS, engine_kwargs, plan_engine, restore_environment, set_engine_environment,
+)
 from marsched.bench.model import ModelInfo, read_model
 from marsched.bench.records import read_jsonl
 from marsched.bench.stream import prompt_token_ids
@@ -231,10 +233,7 @@ def measure(model_dir: str, plan: CalibrationPlan, echo: Echo = print) -> Measur
     info = sizing.engine_model(model)
     workdir = Path(tempfile.mkdtemp(prefix="marsched-calibrate-"))
     step_log = workdir / "steps.jsonl"
-    saved_env = {k: os.environ.get(k) for k in (ENV_VAR, KV_SPACE_VAR)}
-    os.environ[ENV_VAR] = str(step_log)
-    if sizing.kv_space_gib is not None:
-        os.environ[KV_SPACE_VAR] = str(sizing.kv_space_gib)
+    saved_env = set_engine_environment(sizing, {ENV_VAR: str(step_log)})
     kwargs: dict[str, Any] = {**engine_kwargs(sizing, plan.seed), "enable_prefix_caching": False,
                               "distributed_executor_backend": "uni"}
     # The largest prefill is one step: the budget must hold it (vLLM's default may be smaller).
@@ -297,11 +296,7 @@ def measure(model_dir: str, plan: CalibrationPlan, echo: Echo = print) -> Measur
             llm.llm_engine.engine_core.shutdown()
             del llm
             gc.collect()
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_environment(saved_env)
     try:
         steps = read_jsonl(step_log)
     finally:

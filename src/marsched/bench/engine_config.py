@@ -72,6 +72,25 @@ def plan_engine(model: ModelInfo, *, dtype: str = "auto", kv_cache_gb: float | N
     return EnginePlan(dtype, limit, blocks, space)
 
 
+def set_engine_environment(plan: EnginePlan, variables: dict[str, str]) -> dict[str, str | None]:
+    """Set what the engine core reads from the environment when it starts: `variables` (the step
+    log's path) and the plan's VLLM_CPU_KVCACHE_SPACE. Returns the values before, to restore."""
+    saved = {name: os.environ.get(name) for name in (*variables, KV_SPACE_VAR)}
+    os.environ.update(variables)
+    if plan.kv_space_gib is not None:
+        os.environ[KV_SPACE_VAR] = str(plan.kv_space_gib)
+    return saved
+
+
+def restore_environment(saved: dict[str, str | None]) -> None:
+    """Put back what `set_engine_environment` changed (None: the variable was not set)."""
+    for name, value in saved.items():
+        if value is None:
+            os.environ.pop(name, None)
+        else:
+            os.environ[name] = value
+
+
 def enforce_eager(platform: Any = None) -> bool:
     """Whether the engine must run eagerly: on vLLM's CPU platform (no CUDA graphs there) only.
     `platform`: vLLM's `current_platform` unless given."""

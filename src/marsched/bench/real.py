@@ -38,7 +38,6 @@ from __future__ import annotations
 import asyncio
 import gc
 import math
-import os
 import shutil
 import tempfile
 import time
@@ -47,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from marsched.bench.engine_config import KV_SPACE_VAR, EnginePlan, engine_kwargs
+from marsched.bench.engine_config import EnginePlan, engine_kwargs, restore_environment, set_engine_environment
 from marsched.bench.model import ModelInfo, read_model
 from marsched.bench.options import engine_profile
 from marsched.bench.records import (
@@ -221,10 +220,7 @@ async def _run_point(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy
     label = f"{policy} @ {qps:g} qps"
     workdir = Path(tempfile.mkdtemp(prefix="marsched-bench-"))
     step_log, trace_path = workdir / "steps.jsonl", workdir / "events.jsonl"
-    saved_env = {k: os.environ.get(k) for k in (ENV_VAR, KV_SPACE_VAR)}
-    os.environ[ENV_VAR] = str(step_log)
-    if plan.kv_space_gib is not None:
-        os.environ[KV_SPACE_VAR] = str(plan.kv_space_gib)
+    saved_env = set_engine_environment(plan, {ENV_VAR: str(step_log)})
     mars = {"predictor": spec.predictor, "api_estimator": spec.api_estimator, "seed": spec.seed,
             "starvation": spec.starvation}
     if spec.profile is not None:
@@ -290,11 +286,7 @@ async def _run_point(spec: BenchSpec, model: ModelInfo, plan: EnginePlan, policy
         begin = time.monotonic()
         _shutdown(engine)
         timings["engine_shutdown_s"] = time.monotonic() - begin
-        for key, value in saved_env.items():
-            if value is None:
-                os.environ.pop(key, None)
-            else:
-                os.environ[key] = value
+        restore_environment(saved_env)
     wallclock = time.monotonic() - started_run
     try:
         if math.isnan(t0):
