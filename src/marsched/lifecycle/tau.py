@@ -1,6 +1,6 @@
 """τ: the engine's time per iteration as the ranking keys see it, a moving average over about
-100 iterations. One estimate for both engines: the simulator feeds it the cost model's
-iteration times, the vLLM plugin the measured time between its steps."""
+100 iterations. One estimate for both engines: each feeds it the cost model's time for every
+iteration it schedules (the keys' other terms are in the cost model's seconds too)."""
 
 from __future__ import annotations
 

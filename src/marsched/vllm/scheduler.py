@@ -73,7 +73,6 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         self.mars_trace = open_trace(self.mars_config.trace_path)
         self._iteration = 0
         self.tau = IterationTime(self.mars_policy.cost)
-        self._last_step_t: float | None = None
         self._running_kv: int | None = None
         self._outlooks: dict[str, KvOutlook] = {}  # admission's view of requests, this step (`_outlook`)
         self._tracked: dict[str, Tracked] = {}
@@ -194,9 +193,6 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
             self._tend_kept(now)
         except Exception:  # noqa: BLE001 - kept conversations are an optimisation; the step goes on
             logger.exception("marsched: ending kept conversations failed")
-        if self._last_step_t is not None and self.running:
-            self.tau.observe(now - self._last_step_t)  # the last step's time
-        self._last_step_t = now
         self._running_kv = None
         self._outlooks.clear()
         self._sync_active()
@@ -305,16 +301,22 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
                 tracked = self._tracked.get(rid)
                 if tracked is not None:
                     self.lifecycle.swapped_in(tracked, len(ids))
+        self._step_ran(output)
+
+    def _step_ran(self, output: Any) -> None:
+        """τ learns the cost model's time for the step just scheduled, as in the simulator, and the
+        trace tells it."""
         tokens = output.total_num_scheduled_tokens
-        if self.mars_trace.enabled and tokens:
-            scheduled = output.num_scheduled_tokens
-            pool = self.kv_cache_manager.block_pool
-            self.lifecycle.scheduled(
-                iterations=1, batch=len(scheduled), tokens=tokens,
-                # vLLM has advanced each request's computed tokens by what it scheduled.
-                context_tokens=sum(self.requests[rid].num_computed_tokens for rid in scheduled if rid in self.requests),
-                free_blocks=pool.get_num_free_blocks(),
-                host_free_blocks=self._host_free_tokens() // self.cache_config.block_size)
+        if not tokens:
+            return
+        scheduled = output.num_scheduled_tokens
+        # vLLM has advanced each request's computed tokens by what it scheduled: cached plus new.
+        context_tokens = sum(self.requests[rid].num_computed_tokens for rid in scheduled if rid in self.requests)
+        self.tau.observe(self.mars_policy.cost.iteration_time(tokens, context_tokens, len(scheduled)))
+        pool = self.kv_cache_manager.block_pool
+        self.lifecycle.scheduled(iterations=1, batch=len(scheduled), tokens=tokens, context_tokens=context_tokens,
+                                 free_blocks=pool.get_num_free_blocks(),
+                                 host_free_blocks=self._host_free_tokens() // self.cache_config.block_size)
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
         result = super().update_from_output(scheduler_output, model_runner_output)
