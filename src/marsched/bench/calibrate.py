@@ -175,44 +175,49 @@ def samples_from_steps(steps: list[dict[str, Any]], windows: list[tuple[str, int
 
 def time_swap(model: ModelInfo, dtype: str, block_counts: tuple[int, ...], repeats: int,
               blocks_in_cache: int) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    """Median seconds to copy n blocks of every layer out to host memory and back in, with the
-    Swap connector's own functions on tensors shaped like vLLM's CPU KV cache
-    (`[num_blocks, num_kv_heads, block_size, 2 * head_size]` per layer, block dimension 0)."""
+    """Median seconds to copy n blocks of every layer out to host memory and back in, through the
+    Swap connector's own copy path (`kv_copy.KvMover`) on the device the engine uses (CUDA when
+    present: pinned host memory, side streams, timed by CUDA events; else CPU: synchronous copies,
+    timed by the wall clock), on tensors of vLLM's per-layer KV view
+    (`[num_blocks, num_kv_heads, block_size, 2 * head_size]`, block dimension 0)."""
     import torch
 
+    device = "cuda" if torch.cuda.is_available() else "cpu"
     threads = torch.get_num_threads()
     # One thread: the copy is memory-bound, and on a shared machine a 2-thread parallel region
     # waits for a descheduled thread (measured: 90 ms for any copy of 4+ blocks at load 6 on 2 cores).
     torch.set_num_threads(1)
     try:
-        return _time_swap(torch, model, dtype, block_counts, repeats, blocks_in_cache)
+        return _time_swap(torch, model, dtype, block_counts, repeats, blocks_in_cache, device)
     finally:
         torch.set_num_threads(threads)
 
 
 def _time_swap(torch: Any, model: ModelInfo, dtype: str, block_counts: tuple[int, ...], repeats: int,
-               blocks_in_cache: int) -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
-    from marsched.vllm.kv_swap import copy_blocks_in, copy_blocks_out
+               blocks_in_cache: int, device: str = "cpu") -> tuple[list[tuple[int, float]], list[tuple[int, float]]]:
+    from marsched.vllm.kv_copy import KvMover
+    from marsched.vllm.kv_copy_layout import BlockLayout
 
     torch_dtype = torch.float32 if dtype == "float32" else torch.bfloat16
     cache_blocks = min(blocks_in_cache, max(block_counts) * 4 + 1)  # copies read scattered blocks of a large pool
     shape = (cache_blocks, model.kv_heads, BLOCK_TOKENS, 2 * model.head_dim)
-    caches = {f"layer{i}": torch.randn(shape, dtype=torch.float32).to(torch_dtype) for i in range(model.layers)}
-    dims = dict.fromkeys(caches, 0)
+    caches = {f"layer{i}": torch.randn(shape, dtype=torch.float32).to(torch_dtype).to(device)
+              for i in range(model.layers)}
+    mover = KvMover(caches, dict.fromkeys(caches, BlockLayout(0)))
     out, back = [], []
     for n in block_counts:
         ids = list(range(1, 4 * n + 1, 4))[:n]  # spread blocks, as a real request's are
         out_times, in_times = [], []
         for _ in range(repeats + 1):  # the first copy of a size warms the allocator: dropped
-            start = time.perf_counter()
-            saved = copy_blocks_out(caches, dims, ids)
-            middle = time.perf_counter()
-            copy_blocks_in(caches, dims, saved, ids)
-            end = time.perf_counter()
-            out_times.append(middle - start)
-            in_times.append(end - middle)
+            sent = mover.copy_out("calibrate", ids)
+            mover.wait(sent)
+            restored = mover.copy_in("calibrate", ids)
+            mover.wait(restored)
+            out_times.append(sent.seconds())
+            in_times.append(restored.seconds())
         out.append((n, statistics.median(out_times[1:])))
         back.append((n, statistics.median(in_times[1:])))
+    mover.shutdown()
     return out, back
 
 

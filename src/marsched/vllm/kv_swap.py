@@ -3,16 +3,23 @@
 Loaded by configuration (no vLLM file is touched):
 
     KVTransferConfig(kv_connector="HostSwapConnector", kv_role="kv_both",
-                     kv_connector_module_path="marsched.vllm.kv_swap")
+                     kv_connector_module_path="marsched.vllm.kv_swap",
+                     kv_connector_extra_config={"swap_blocks_per_step": 64})  # optional budget
 
 vLLM builds it twice: role SCHEDULER in the EngineCore (`scheduler.connector`,
 driven by `MarsScheduler`) and role WORKER beside the model (it gets the KV tensors
-in `register_kv_caches` and does the copies in `start_load_kv`).
+in `register_kv_caches` and does the copies in `start_load_kv`). This module is the
+glue; the copies are `kv_copy.KvMover`'s, the per-step budget `kv_copy_plan.OutPlanner`'s,
+the block layout `kv_copy_layout.resolve_layout`'s (docs/swap.md).
 
 Protocol (see docs/vllm-internals.md, "Swap"):
 1. call starts: `queue_swap_out(rid, block_ids, tokens)`; the request keeps its blocks.
-2. next step: the metadata carries the swap-out; the worker copies the blocks to host.
-3. `update_from_output` of that step: the scheduler frees the device blocks.
+2. next steps: the metadata carries the swap-out in chunks of the step budget
+   (`swap_blocks_per_step` / `swap_bytes_per_step` in `kv_connector_extra_config`; none:
+   the whole copy in one step); the worker copies them to host. `SwapMeta.swap_out` names
+   a copy in the step that carries its last chunk, and only then.
+3. `update_from_output` of that step: the scheduler frees the device blocks (on CUDA the
+   next step's compute waits on the device for the copy to land).
 4. call returns: `expect_load[rid] = tokens`; the request re-enters `waiting` with
    `num_computed_tokens = 0`.
 5. admission: `get_num_new_matched_tokens` reports the saved tokens as a synchronous
@@ -28,7 +35,6 @@ prefix hit), not a "move this paused request out now and back later" primitive.
 
 from __future__ import annotations
 
-import time
 from dataclasses import dataclass, field
 from typing import Any
 
@@ -39,27 +45,45 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorRole,
 )
 
+from marsched.vllm.kv_copy import KvMover
+from marsched.vllm.kv_copy_layout import resolve_layout
+from marsched.vllm.kv_copy_plan import Cancelled, OutChunk, OutPlanner, blocks_per_step, check_budget
 
-def copy_blocks_out(kv_caches: dict[str, torch.Tensor], block_dim: dict[str, int], ids: list[int]) -> dict[str, torch.Tensor]:
-    """Host copies of blocks `ids` of every layer (the Swap connector's swap-out; `calibrate` times it)."""
-    copies = {}
-    for name, kv in kv_caches.items():
-        idx = torch.tensor(ids, dtype=torch.long, device=kv.device)
-        copies[name] = kv.index_select(block_dim[name], idx).to("cpu", copy=True)
-    return copies
+BUDGET_BLOCKS_KEY = "swap_blocks_per_step"
+BUDGET_BYTES_KEY = "swap_bytes_per_step"
 
 
-def copy_blocks_in(kv_caches: dict[str, torch.Tensor], block_dim: dict[str, int], saved: dict[str, torch.Tensor],
-                   ids: list[int], first: int = 0) -> None:
-    """Write saved blocks `first`, `first + 1`, ... of every layer into device blocks `ids` (swap-in)."""
-    for name, kv in kv_caches.items():
-        dim = block_dim[name]
-        src = saved[name].narrow(dim, first, len(ids)).to(kv.device)
-        kv.index_copy_(dim, torch.tensor(ids, dtype=torch.long, device=kv.device), src)
+def step_budget(vllm_config: Any, kv_cache_config: Any) -> int | None:
+    """The swap-out budget in blocks per step from `kv_connector_extra_config` (None: no limit)."""
+    transfer = getattr(vllm_config, "kv_transfer_config", None)
+    extra = dict(getattr(transfer, "kv_connector_extra_config", None) or {})
+    blocks = check_budget(extra.get(BUDGET_BLOCKS_KEY), f"kv_connector_extra_config.{BUDGET_BLOCKS_KEY}")
+    bytes_ = check_budget(extra.get(BUDGET_BYTES_KEY), f"kv_connector_extra_config.{BUDGET_BYTES_KEY}")
+    return blocks_per_step(blocks, bytes_, bytes_per_block(kv_cache_config) if bytes_ is not None else 0)
+
+
+def bytes_per_block(kv_cache_config: Any) -> int:
+    """KV bytes of one block over every layer, from the engine's KV-cache config."""
+    groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
+    return sum(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
+
+
+def _attention_backends(vllm_config: Any, layer_names: list[str]) -> dict[str, Any]:
+    """Each layer's attention backend class, where vLLM can tell (for the KV layout)."""
+    try:
+        from vllm.config import get_layers_from_vllm_config
+        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+
+        layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
+        return {name: layer.get_attn_backend() for name, layer in layers.items()}
+    except Exception:  # noqa: BLE001 - no backend known: the layout falls back to vLLM's view contract
+        return {}
 
 
 @dataclass
 class SwapMeta(KVConnectorMetadata):
+    # Copies out whose last chunk is in this step (request id or host key, all its block ids):
+    # the scheduler frees their blocks with this step's output.
     swap_out: list[tuple[str, list[int]]] = field(default_factory=list)
     # (request id, destination block ids, index of the first saved block to restore, host key of the copy)
     swap_in: list[tuple[str, list[int], int, str]] = field(default_factory=list)
@@ -67,6 +91,8 @@ class SwapMeta(KVConnectorMetadata):
     # The scheduler's state after this step's schedule, for MarsWorkerExtension (the worker
     # may live in another process than the scheduler: on CPU vLLM always uses the mp executor).
     snapshot: dict[str, Any] | None = None
+    # What the worker copies out this step (the step budget's share of each queued copy).
+    out_chunks: list[OutChunk] = field(default_factory=list)
 
 
 class HostSwapConnector(KVConnectorBase_V1):
@@ -75,7 +101,9 @@ class HostSwapConnector(KVConnectorBase_V1):
         self.block_size = vllm_config.cache_config.block_size
         self.num_blocks = getattr(kv_cache_config, "num_blocks", None)
         # scheduler side
-        self._pending_out: dict[str, list[int]] = {}
+        budget = step_budget(vllm_config, kv_cache_config) if role == KVConnectorRole.SCHEDULER else None
+        self._planner = OutPlanner(budget)
+        self._out_ids: dict[str, list[int]] = {}  # key -> all block ids of a copy being sent
         self._pending_in: dict[str, tuple[list[int], int, str]] = {}
         self._pending_drop: list[str] = []
         self.expect_load: dict[str, int] = {}  # rid -> tokens to restore
@@ -85,11 +113,9 @@ class HostSwapConnector(KVConnectorBase_V1):
         self.snapshot_dirty = False  # the scheduler's state changed: run a step to publish it
         # worker side
         self.kv_caches: dict[str, torch.Tensor] = {}
-        self._block_dim: dict[str, int] = {}
-        self.host: dict[str, dict[str, torch.Tensor]] = {}
+        self.mover: KvMover | None = None
         self.scheduler_state: dict[str, Any] = {}
         self.request_info: dict[str, dict[str, Any]] = {}
-        self.stats = {"out_blocks": 0, "in_blocks": 0, "out_s": 0.0, "in_s": 0.0}
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -97,21 +123,34 @@ class HostSwapConnector(KVConnectorBase_V1):
 
     # ---------------- scheduler side ----------------
 
+    @property
+    def blocks_per_step(self) -> int | None:
+        return self._planner.blocks_per_step
+
     def queue_swap_out(self, req_id: str, block_ids: list[int], tokens: int) -> None:
-        self._pending_out[req_id] = list(block_ids)
+        if req_id in self._planner and self._planner.cancel(req_id) is Cancelled.PARTIAL:
+            self._pending_drop.append(req_id)  # the new copy starts over; the worker's part goes
+        self._planner.queue(req_id, block_ids)
+        self._out_ids[req_id] = list(block_ids)
         self.host_tokens[req_id] = tokens
 
     def cancel_swap_out(self, req_id: str) -> bool:
-        if self._pending_out.pop(req_id, None) is None:
+        """Stop a copy out that the scheduler has not been told is sent (its blocks stay)."""
+        cancelled = self._planner.cancel(req_id)
+        if cancelled is Cancelled.NOTHING:
             return False
+        self._out_ids.pop(req_id, None)
         self.host_tokens.pop(req_id, None)
+        if cancelled is Cancelled.PARTIAL:
+            self._pending_drop.append(req_id)  # chunks already on the worker
         return True
 
     def drop(self, req_id: str) -> None:
         """Forget a request's host copy (its device blocks are kept or gone)."""
         self.expect_load.pop(req_id, None)
         self.load_from.pop(req_id, None)
-        self._pending_out.pop(req_id, None)
+        self._planner.cancel(req_id)
+        self._out_ids.pop(req_id, None)
         self._pending_in.pop(req_id, None)
         if self.host_tokens.pop(req_id, None) is not None:
             self._pending_drop.append(req_id)
@@ -123,7 +162,7 @@ class HostSwapConnector(KVConnectorBase_V1):
     def has_pending_push_work(self) -> bool:
         # Keeps EngineCore stepping while only paused requests remain, so that a
         # queued swap-out (or a host-copy drop) reaches the worker.
-        return bool(self._pending_out or self._pending_drop or self.snapshot_dirty)
+        return bool(self._planner or self._pending_drop or self.snapshot_dirty)
 
     def get_num_new_matched_tokens(self, request: Any, num_computed_tokens: int) -> tuple[int | None, bool]:
         saved = self.expect_load.get(request.request_id, 0)
@@ -146,12 +185,13 @@ class HostSwapConnector(KVConnectorBase_V1):
         self.last_swap_in[rid] = len(ids)
 
     def build_connector_meta(self, scheduler_output: Any) -> SwapMeta:
+        chunks = self._planner.take_step()
         meta = SwapMeta(
-            swap_out=list(self._pending_out.items()),
+            swap_out=[(c.key, self._out_ids.pop(c.key)) for c in chunks if c.last],
             swap_in=[(rid, ids, first, source) for rid, (ids, first, source) in self._pending_in.items()],
             drop=list(self._pending_drop),
+            out_chunks=chunks,
         )
-        self._pending_out.clear()
         self._pending_in.clear()
         self._pending_drop.clear()
         return meta
@@ -165,10 +205,10 @@ class HostSwapConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.kv_caches = kv_caches
-        for name, kv in kv_caches.items():
-            # CPU attention: [num_blocks, 2, block_size, ...]; FlashAttention: [2, num_blocks, ...].
-            dims = [d for d, n in enumerate(kv.shape) if n == self.num_blocks] if self.num_blocks else []
-            self._block_dim[name] = dims[0] if dims else 0
+        backends = _attention_backends(self._vllm_config, list(kv_caches))
+        layouts = {name: resolve_layout(name, kv, self.num_blocks, backends.get(name))
+                   for name, kv in kv_caches.items()}
+        self.mover = KvMover(kv_caches, layouts)
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -178,30 +218,45 @@ class HostSwapConnector(KVConnectorBase_V1):
             self.request_info.update(meta.snapshot["requests"])
             while len(self.request_info) > 10_000:
                 self.request_info.pop(next(iter(self.request_info)))
+        if self.mover is None:
+            if meta.out_chunks or meta.swap_in:
+                raise RuntimeError("HostSwapConnector: a copy was asked for before the KV caches were registered")
+            return
         for rid in meta.drop:
-            self.host.pop(rid, None)
-        for rid, ids in meta.swap_out:
-            started = time.perf_counter()
-            self.host[rid] = copy_blocks_out(self.kv_caches, self._block_dim, ids)
-            self.stats["out_blocks"] += len(ids)
-            self.stats["out_s"] += time.perf_counter() - started
+            self.mover.drop(rid)
+        for chunk in meta.out_chunks:
+            self.mover.copy_out(chunk.key, chunk.block_ids, chunk.first, chunk.total)
         for rid, ids, first, source in meta.swap_in:
-            started = time.perf_counter()
-            copy_blocks_in(self.kv_caches, self._block_dim, self.host.pop(source), ids, first)
-            self.stats["in_blocks"] += len(ids)
-            self.stats["in_s"] += time.perf_counter() - started
-        if (meta.swap_out or meta.swap_in) and torch.cuda.is_available():
-            torch.cuda.synchronize()
+            self.mover.copy_in(source, ids, first)
+
+    def wait_for_save(self) -> None:
+        # The step's forward is queued: the next one waits (on the device) for the copies
+        # out that ended this step, whose blocks the scheduler frees now.
+        if self.mover is not None:
+            self.mover.end_step()
+
+    @property
+    def host(self) -> dict[str, Any]:
+        """Host copies held by this worker, by request id or host key."""
+        return self.mover.host if self.mover is not None else {}
 
     @property
     def host_bytes(self) -> int:
-        return sum(t.numel() * t.element_size() for copies in self.host.values() for t in copies.values())
+        return self.mover.host_bytes if self.mover is not None else 0
+
+    @property
+    def stats(self) -> dict[str, Any]:
+        """Blocks copied each way and seconds spent copying (landed chunks only)."""
+        if self.mover is None:
+            return {"out_blocks": 0, "in_blocks": 0, "out_s": 0.0, "in_s": 0.0}
+        return self.mover.stats
+
+    def shutdown(self) -> None:
+        if self.mover is not None:
+            self.mover.shutdown()
 
     def wait_for_layer_load(self, layer_name: str) -> None:
         pass
 
     def save_kv_layer(self, layer_name: str, kv_layer: torch.Tensor, attn_metadata: Any, **kwargs: Any) -> None:
-        pass
-
-    def wait_for_save(self) -> None:
         pass
