@@ -38,7 +38,8 @@ FIELDS = {
     "finish": REQUEST | {"e2e_s", "ttft_s", "status", "strategies", "preemptions"},
 }
 # A trailing call; a segment without a call; an empty queue.
-NULLABLE = {("api_start", "strategy"), ("preempt", "strategy"), ("schedule", "next_score")}
+NULLABLE = {("api_start", "strategy"), ("preempt", "strategy"), ("schedule", "next_score"),
+            ("admit", "protected_until"), ("admit", "protected_segment")}
 
 
 def _workload():
@@ -65,7 +66,12 @@ def _check(policy, profile):
         fields = set(event) - {"event", "t", "rid"}
         moving = policy.starvation.moves
         # A threshold that moves with the FCFS wait is reported where promotions are decided.
-        assert fields == FIELDS[kind] | ({"threshold"} if moving and kind in ("schedule", "promote") else set()), event
+        expected = FIELDS[kind] | ({"threshold"} if moving and kind in ("schedule", "promote") else set())
+        if kind == "admit" and policy.starvation.enabled:  # the protection it leaves the request with
+            expected |= {"protected_until", "protected_segment"}
+        if kind == "preempt" and not budgeted:  # the request it made room for (INFERCEPT's code preempts by swap)
+            expected |= {"requester"}
+        assert fields == expected, event
         for name in fields:
             assert event[name] is not None or (kind, name) in NULLABLE, event
         seen.append(kind)

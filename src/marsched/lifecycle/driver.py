@@ -170,28 +170,44 @@ class CallLifecycle:
 
     def admitted(self, handle: Any, prefill_tokens: int) -> None:
         """It leaves the waiting queue for the device (prefill, or a swap-in): a promoted or elder
-        request is protected from preemption from here."""
+        request is protected from preemption from here. The event states the protection it
+        leaves the request with, for the audit."""
         now = self.engine.clock()
         wait = now - handle.wait_since_s
         handle.max_wait_s = max(handle.max_wait_s, wait)
         progress = handle.progress
         progress.ran_before = True
+        iteration = self.engine.current_iteration()
         if progress.promoted or progress.elder:
-            self.policy.protect(progress, self.engine.current_iteration())
+            self.policy.protect(progress, iteration)
         if self.trace.enabled:  # the key basis is built only for a trace
             prediction = progress.predictions[progress.segment_index]
             self.emit("admit", handle, prefill_tokens=prefill_tokens, wait_s=wait, score=progress.left_key,
                       promoted=progress.left_promoted, counter=progress.counter, key_basis=key_basis(progress),
-                      predicted_output_tokens=prediction.output_tokens, predicted_api_s=prediction.api_duration_s)
+                      predicted_output_tokens=prediction.output_tokens, predicted_api_s=prediction.api_duration_s,
+                      **self._protection(progress, iteration))
         elif self.on_event is not None:
             self.on_event(handle)
 
-    def preempted(self, handle: Any, freed_blocks: int) -> None:
-        """It loses its device blocks and waits again; it keeps its strategy and its counter."""
+    def _protection(self, progress: RequestProgress, iteration: int) -> dict[str, int | None]:
+        """What protects the request from preemption now: the first iteration it may be preempted
+        again, or the segment it may not be preempted in (None: nothing)."""
+        if not self.policy.starvation.enabled:
+            return {}
+        until = progress.protected_until_iteration
+        segment = progress.protected_segment
+        return {"protected_until": until if until > iteration else None,
+                "protected_segment": segment if segment == progress.segment_index else None}
+
+    def preempted(self, handle: Any, freed_blocks: int, requester: Any | None = None) -> None:
+        """It loses its device blocks and waits again; it keeps its strategy and its counter.
+        `requester`: the request it made room for, where the engine knows it."""
         handle.preemptions += 1
         handle.wait_since_s = self.engine.clock()
         strategy = handle.progress.strategy
-        self.emit("preempt", handle, strategy=strategy.value if strategy else None, freed_blocks=freed_blocks)
+        made_room_for = {} if requester is None else {"requester": requester.rid}
+        self.emit("preempt", handle, strategy=strategy.value if strategy else None, freed_blocks=freed_blocks,
+                  **made_room_for)
 
     def promote_starving(self) -> None:
         """Starvation prevention: requests whose counter reached the threshold go ahead of the ranking."""

@@ -226,7 +226,7 @@ class Simulator:
                 preempted = True
                 if victim.rid in batch:
                     budget += batch.pop(victim.rid)[1]
-                self._preempt(victim)
+                self._preempt(victim, requester=sim_request)
                 if victim is sim_request:
                     break
             if sim_request.phase is not Phase.RUNNING:
@@ -302,10 +302,10 @@ class Simulator:
                              lambda r: policy.is_protected(r.progress, self.iteration),
                              lambda r: policy.victim_key(r.progress, load))
 
-    def _preempt(self, sim_request: SimRequest) -> None:
+    def _preempt(self, sim_request: SimRequest, requester: SimRequest | None = None) -> None:
         progress = sim_request.progress
         self.device.release(sim_request.device_blocks)
-        self.lifecycle.preempted(sim_request, sim_request.device_blocks)
+        self.lifecycle.preempted(sim_request, sim_request.device_blocks, requester)
         sim_request.device_blocks = 0
         progress.computed_tokens = 0
         sim_request.phase = Phase.WAITING

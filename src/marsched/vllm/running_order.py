@@ -38,6 +38,11 @@ class RunningOrder(list):
             self._requester = item
         return item
 
+    @property
+    def requester(self) -> Any:
+        """The request vLLM was scheduling at its last read by index (what a preemption makes room for)."""
+        return self._requester
+
     def pop(self, index: int = -1) -> Any:
         victim, self._victim = self._victim, None
         if index == -1 and victim is not None:

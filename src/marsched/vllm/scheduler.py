@@ -358,10 +358,11 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
                 blocks = sum(len(ids) for ids in self.kv_cache_manager.get_block_ids(request.request_id))
             except Exception as error:  # noqa: BLE001
                 self._fail(request, error, "preemption")
+        requester = getattr(self.running, "requester", None)  # RunningOrder: whom the preemption makes room for
         super()._preempt_request(request, timestamp, drop_stale_output)
         if tracked is not None:
             try:
-                self.lifecycle.preempted(tracked, blocks)
+                self.lifecycle.preempted(tracked, blocks, self._tracked.get(requester.request_id) if requester else None)
             except Exception as error:  # noqa: BLE001
                 self._fail(request, error, "preemption")
 
