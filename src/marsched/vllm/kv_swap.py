@@ -208,7 +208,7 @@ class HostSwapConnector(KVConnectorBase_V1):
         backends = _attention_backends(self._vllm_config, list(kv_caches))
         layouts = {name: resolve_layout(name, kv, self.num_blocks, backends.get(name))
                    for name, kv in kv_caches.items()}
-        self.mover = KvMover(kv_caches, layouts)
+        self.mover = KvMover(kv_caches, layouts) if kv_caches else None  # no KV cache: nothing to swap
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
