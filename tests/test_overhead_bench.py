@@ -209,8 +209,9 @@ def test_tiny_run_with_the_connector_writes_every_field(tmp_path):
     for run in runs.values():
         assert run["connector"] == "HostSwapConnector"  # loaded for stock too: a fair comparison
         assert run["steps"] == 5 and run["running"] == 8 and run["waiting_after"] == 12
-        for key in (*STATS, "step_p50_ms"):
+        for key in (*STATS, "step_p50_ms", "start_s", "add_requests_s", "steps_s", "wall_s"):
             assert run[key] > 0, key
+        assert run["wall_s"] > run["start_s"] + run["steps_s"]
         assert run["schedule_p50_ms"] <= run["schedule_p99_ms"] and run["total_p99_ms"] >= run["schedule_p99_ms"]
     assert runs["stock"]["snapshot_steps"] == 0
     # MarsScheduler publishes its state on the connector: at least in the first step (admissions)

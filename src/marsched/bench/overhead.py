@@ -327,6 +327,7 @@ def measure(model: str, scheduler: str, waiting: int, plan: OverheadPlan, profil
         if now_published != last_published:
             published.append(now_published)
             last_published = now_published
+    steps_s = time.monotonic() - start
     core._flush_steps(time.monotonic())
     if profiler is not None:
         profiler.dump_stats(profile)
@@ -336,26 +337,30 @@ def measure(model: str, scheduler: str, waiting: int, plan: OverheadPlan, profil
         "scheduler": scheduler, "waiting": waiting, "connector": connector, "steps": len(rows),
         "running": len(core.running), "waiting_after": len(core.waiting),
         **step_stats(rows), "snapshot_steps": len(snapshot_steps(rows, published)),
-        "start_s": start_s, "add_requests_s": add_s, "load_average": [load_start, os.getloadavg()[0]],
+        "start_s": start_s, "add_requests_s": add_s, "steps_s": steps_s, "load_average": [load_start, os.getloadavg()[0]],
         "vllm": vllm.__version__,
     }
 
 
 def _profile(core: Any) -> Any:
-    """cProfile around every `schedule()` of `core` from now on (its timings then include the profiler's)."""
+    """cProfile around every `schedule()` and `update_from_output()` of `core` from now on (its
+    timings then include the profiler's)."""
     import cProfile
 
     profiler = cProfile.Profile()
-    schedule = core.schedule
 
-    def profiled(*args: Any, **kwargs: Any) -> Any:
-        profiler.enable()
-        try:
-            return schedule(*args, **kwargs)
-        finally:
-            profiler.disable()
+    def profiled(method: Any) -> Any:
+        def call(*args: Any, **kwargs: Any) -> Any:
+            profiler.enable()
+            try:
+                return method(*args, **kwargs)
+            finally:
+                profiler.disable()
+        return call
 
-    core.schedule = profiled  # the engine core calls `self.scheduler.schedule()`: the instance's wins
+    # The engine core calls `self.scheduler.schedule()`: an instance attribute wins over the class's.
+    core.schedule = profiled(core.schedule)
+    core.update_from_output = profiled(core.update_from_output)
     return profiler
 
 
@@ -382,13 +387,15 @@ def run_all(plan: OverheadPlan, model: str, profile: str | None = None, echo: An
                 where = None
                 if profile:
                     where = str(Path(profile) / f"{scheduler}-{waiting}-r{repeat}.prof")
+                begin = time.monotonic()
                 done = subprocess.run(child_command(plan, model, scheduler, waiting, where), capture_output=True,
                                       text=True, env=env)
                 lines = [line for line in done.stdout.splitlines() if line.startswith("RESULT ")]
                 if done.returncode != 0 or not lines:
                     raise RuntimeError(f"{scheduler} with {waiting} waiting failed (exit {done.returncode}):\n"
                                        f"{done.stderr[-3000:]}")
-                result = json.loads(lines[-1][len("RESULT "):]) | {"repeat": repeat}
+                result = json.loads(lines[-1][len("RESULT "):]) | {"repeat": repeat,
+                                                                   "wall_s": time.monotonic() - begin}
                 runs.append(result)
                 echo(f"  [{repeat + 1}/{plan.repeats}] {scheduler:>6} {waiting:>6} waiting: sum p50 "
                      f"{result['total_p50_ms']:.3f} p99 {result['total_p99_ms']:.3f} ms, step "
@@ -431,7 +438,8 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--steps", type=int, default=300, help="measured steps per run")
     p.add_argument("--repeats", type=int, default=1, help="runs of each (size, scheduler); the median is reported")
     p.add_argument("--json", help="write the plan, every run, the medians and the differences here")
-    p.add_argument("--profile", help="directory for a cProfile of schedule() in each run (inflates its timings)")
+    p.add_argument("--profile", help="directory for a cProfile of schedule() and update_from_output() in each run "
+                   "(inflates its timings)")
     p.add_argument("--one", help=argparse.SUPPRESS)  # child mode: SCHEDULER:WAITING
     return p
 
