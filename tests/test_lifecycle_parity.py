@@ -85,7 +85,7 @@ def test_both_engines_tell_the_same_lifecycle(tiny_model, loop_thread, tmp_path)
 
     async def scenario(policy: str, trace: str):
         engine = AugmentedEngine(tiny_model, policy=policy, trace_path=trace, dtype="float32",
-                                 enforce_eager=True, block_size=16, max_model_len=512, seed=0)
+                                 enforce_eager=True, block_size=32, max_model_len=512, seed=0)
         await engine.start()
         try:
             runs = []
