@@ -3,11 +3,10 @@
 For each number of waiting requests (default 100, 1,000, 10,000) and each scheduler, one fresh
 in-process vLLM engine (`LLM`, `VLLM_ENABLE_V1_MULTIPROCESSING=0`, the `uni` executor: scheduler and
 worker in one process, no IPC in the timings) on a tiny random model. `max_num_seqs` (default 8)
-caps the running batch, with KV blocks enough for that batch at its peak, so that every scheduler
-runs the same 8 decoding requests and all the others wait: the difference between two schedulers is
-then their own cost, not a different batch (with memory as the limit, MARS's predicted-peak admission
-runs fewer requests than vLLM's greedy one and the step times are not comparable). Requests generate
-`warmup + steps + 10` tokens unless told otherwise, so none finishes while measured.
+caps the running batch, with KV blocks for that batch at its peak (as MARS's admission counts it),
+so that every scheduler runs the same 8 decoding requests and all the others wait: the difference is
+the schedulers' own cost, not a different batch. Requests generate `warmup + steps + 10` tokens
+unless told otherwise, so none finishes while measured.
 
 All requests are added, the engine is stepped `warmup` times, then `steps` times while the scheduler
 logs the time inside `schedule()` and inside `update_from_output()` of every step
@@ -29,8 +28,7 @@ Schedulers: `stock` is vLLM 0.32's `Scheduler` (the CPU platform turns async sch
 marsched policy is `MarsScheduler` with that policy's defaults: `mars` (ranking, starvation clock,
 predicted-peak admission), `vllm` (the plugin's bookkeeping in first-come-first-served order: what
 the plugin costs without MARS's ranking). Each (scheduler, size) runs in its own process, size by
-size, scheduler by scheduler, repeated `repeats` times. Timings on a shared machine are noisy:
-compare the rows of one size, measured minutes apart, not sizes.
+size, scheduler by scheduler, repeated `repeats` times. Timings on a shared machine are noisy.
 
 The goal (issue 20): MarsScheduler (`mars`) adds at most 1 ms per step at p99 of `schedule()` +
 `update_from_output()` with 10,000 waiting, connector on, median of 3 repeats.
@@ -96,8 +94,10 @@ class OverheadPlan:
 
     @property
     def peak_blocks(self) -> int:
-        """KV blocks the batch holds at its peak, plus vLLM's null block."""
-        return self.max_num_seqs * -(-(self.prompt + self.tokens) // BLOCK_TOKENS) + 1
+        """KV blocks for the batch at its peak as MARS's predicted-peak admission counts it (one more
+        block per request for its partly filled last one, `Policy.admits_outlooks`), plus vLLM's
+        null block: with fewer, MARS admits fewer than `max_num_seqs` and the batches differ."""
+        return self.max_num_seqs * (-(-(self.prompt + self.tokens) // BLOCK_TOKENS) + 1) + 1
 
     @property
     def kv_blocks(self) -> int:
@@ -232,8 +232,11 @@ def _run(runs: list[dict[str, Any]], waiting: int, scheduler: str, repeat: int) 
     raise ValueError(f"no run of {scheduler} with {waiting} waiting in repeat {repeat}")
 
 
-def goal(added: list[dict[str, Any]]) -> dict[str, Any] | None:
-    """The issue's goal, where the runs measured it: `mars` adds <= 1 ms at p99 with 10,000 waiting."""
+def goal(added: list[dict[str, Any]], connector: str) -> dict[str, Any] | None:
+    """The issue's goal, where the runs measured it: `mars` adds <= 1 ms at p99 with 10,000 waiting,
+    connector on."""
+    if connector != "on":
+        return None
     for entry in added:
         if entry["waiting"] == GOAL_WAITING and entry["policy"] == GOAL_POLICY:
             value = entry["total_p99_ms"]
@@ -262,7 +265,7 @@ def format_table(summary: list[dict[str, Any]], added: list[dict[str, Any]], pla
             label = f"{policy}-{STOCK}"
             note = "" if a["same_batch"] else "  (batches differ: not comparable)"
             lines.append(f"{waiting:>8} {label:>12} " + " ".join(f"{a[k]:>+12.3f}" for k in STATS) + note)
-    met = goal(added)
+    met = goal(added, plan.connector)
     if met is not None:
         lines.append(f"goal: {GOAL_POLICY} adds {met['added_ms']:+.3f} ms at p99 per step with {GOAL_WAITING} "
                      f"waiting (limit {GOAL_LIMIT_MS:g} ms): {'met' if met['met'] else 'NOT met'}")
@@ -333,10 +336,14 @@ def measure(model: str, scheduler: str, waiting: int, plan: OverheadPlan, profil
         profiler.dump_stats(profile)
     rows = sorted((r for r in read_jsonl(log) if r["t"] >= start), key=lambda r: r["t"])
     shutil.rmtree(log.parent, ignore_errors=True)
+    published_in = snapshot_steps(rows, published)
     return {
         "scheduler": scheduler, "waiting": waiting, "connector": connector, "steps": len(rows),
         "running": len(core.running), "waiting_after": len(core.waiting),
-        **step_stats(rows), "snapshot_steps": len(snapshot_steps(rows, published)),
+        **step_stats(rows), "snapshot_steps": len(published_in),
+        # schedule() of the steps that built a snapshot (None: none did), against `schedule_p50_ms`
+        "snapshot_schedule_p50_ms": quantile([rows[i]["sched_s"] for i in published_in], 0.5) * 1e3
+        if published_in else None,
         "start_s": start_s, "add_requests_s": add_s, "steps_s": steps_s, "load_average": [load_start, os.getloadavg()[0]],
         "vllm": vllm.__version__,
     }
@@ -413,7 +420,7 @@ def report(plan: OverheadPlan, runs: list[dict[str, Any]]) -> dict[str, Any]:
     return {"plan": asdict(plan) | {"max_tokens": plan.tokens, "blocks": plan.kv_blocks},
             "machine": {"cpus": os.cpu_count(), "load_average": [min(loads), max(loads)],
                         "vllm": runs[0]["vllm"] if runs else None},
-            "runs": runs, "summary": summary, "overhead": added, "goal": goal(added)}
+            "runs": runs, "summary": summary, "overhead": added, "goal": goal(added, plan.connector)}
 
 
 def parser() -> argparse.ArgumentParser:
