@@ -2,8 +2,8 @@
 
 Hand-written traces pin each rule down (the quantum boundary to the iteration, protection for
 life, segment protection, the requester's own yield, what an engine states); simulator runs
-pass it, and a simulator that ignores protection is caught; a vLLM run where every running
-request is protected and memory binds shows the plugin's victim (see the xfail).
+pass it, and a simulator that ignores protection is caught; in a vLLM run where every running
+request is protected and memory binds, the requester gives up its own blocks.
 """
 
 from __future__ import annotations
@@ -281,35 +281,17 @@ def test_an_engines_stated_protection_is_checked_and_then_followed(tmp_path):
 # --- simulator runs -------------------------------------------------------------------------
 
 
-class NamingTrace(TraceFile):
-    """Writes `requester` on each preempt event: the request whose growth asked for the blocks."""
-
-    requester: str | None = None
-
-    def emit(self, event: str, t: float, rid: str | None = None, **fields) -> None:
-        if event == "preempt" and self.requester is not None:
-            fields["requester"] = self.requester
-        super().emit(event, t, rid, **fields)
-
-
-class NamesRequester(Simulator):
-    def _victim(self, requester):
-        self.trace.requester = requester.rid
-        return super()._victim(requester)
-
-
-class IgnoresProtection(NamesRequester):
+class IgnoresProtection(Simulator):
     """A victim rule that forgets starvation protection: the lowest-ranked running request."""
 
     def _victim(self, requester):
-        super()._victim(requester)
         load = self.load()
         return max((r for r in self.running if r.phase.value == "running"),
                    key=lambda r: self.policy.victim_key(r.progress, load))
 
 
 def simulate(path, engine: type[Simulator], variant: str, threshold: float, **profile):
-    trace = NamingTrace(path)
+    trace = TraceFile(path)
     policy = make_policy("mars", COST, starvation=variant, starvation_threshold=threshold, admission="greedy")
     engine(_workload(), small_profile(**profile), policy, trace=trace).run()
     trace.close()
@@ -324,11 +306,13 @@ TIGHT = dict(device_blocks=12, host_blocks=16)
 def test_simulator_runs_pass_with_every_preemption_attributed(variant, threshold, tmp_path):
     for profile in (STRESS, TIGHT):
         path = tmp_path / "t.jsonl"
-        result = simulate(path, NamesRequester, variant, threshold, **profile)
+        result = simulate(path, Simulator, variant, threshold, **profile)
         assert result.clean, "\n".join(map(str, result.violations))
-        assert not result.notes
+        assert not result.notes  # every preempt names its requester
         events = [json.loads(line) for line in path.read_text().splitlines()]
         assert any(e["event"] == "preempt" for e in events) and any(e["event"] == "promote" for e in events)
+        assert any(e["event"] == "admit" and e["protected_until" if variant in ("iterations", "published")
+                                              else "protected_segment"] is not None for e in events)
 
 
 def test_a_simulator_that_ignores_protection_is_caught(tmp_path):
@@ -350,3 +334,46 @@ def test_the_audit_command_passes_a_simulated_run(tmp_path):
     run = marsched("audit", str(trace))
     assert run.returncode == 0, run.stdout + run.stderr
     assert "clean: no violations" in run.stdout
+
+
+# --- vLLM ---------------------------------------------------------------------------------
+
+
+@pytest.mark.vllm
+@pytest.mark.timeout(600)
+def test_vllm_when_every_running_request_is_protected_the_requester_gives_up_its_blocks(tiny_model, tmp_path):
+    # Three requests promoted at the first step (threshold 1 iteration) and admitted together, each
+    # protected for the quantum of 100,000 iterations; greedy admission lets their growth outrun
+    # the 7 usable blocks, so vLLM must preempt a protected request. Before the shared victim rule
+    # (`marsched.lifecycle.choose_victim`) the plugin's running order made vLLM take running[-1],
+    # the lowest-ranked protected request, for a better-ranked requester.
+    pytest.importorskip("vllm")
+    from vllm import LLM, SamplingParams
+
+    from marsched.vllm.metadata import ChunkMeta, PlannedSegment
+    from test_vllm_audit import ended_trace
+
+    trace = tmp_path / "protected.jsonl"
+    config = {"marsched": {"policy": "mars", "starvation": "iterations", "starvation_threshold": 1,
+                           "admission": "greedy", "trace_path": str(trace)}}
+    llm = LLM(model=tiny_model, dtype="float32", enforce_eager=True, block_size=32, max_model_len=160,
+              num_gpu_blocks_override=8, enable_prefix_caching=False, seed=0,
+              scheduler_cls="marsched.vllm.MarsScheduler", additional_config=config)
+    try:
+        prompts, params = [], []
+        for index in range(3):
+            meta = ChunkMeta(0, (PlannedSegment(60),), request_id=f"protected-{index}")
+            prompts.append({"prompt_token_ids": [(11 * index + j) % 500 + 4 for j in range(40)]})
+            params.append(SamplingParams(temperature=0.0, max_tokens=60, ignore_eos=True,
+                                         extra_args=meta.to_extra_args()))
+        llm.generate(prompts, params, use_tqdm=False)
+    finally:
+        llm.llm_engine.engine_core.shutdown()
+    events = ended_trace(trace)
+    promoted = {e["rid"] for e in events if e["event"] == "admit" and e["promoted"]}
+    crowded = [e for e in events if e["event"] == "preempt" and e["rid"] in promoted]
+    if not crowded or not all("requester" in e for e in crowded):
+        pytest.fail(f"not provoked: preemptions of promoted requests {crowded}")
+    assert all(e["requester"] == e["rid"] for e in crowded), crowded
+    result = audit_trace(trace)
+    assert result.clean and not result.notes, "\n".join(map(str, result.violations))
