@@ -12,7 +12,7 @@ process):
   sample is the median time of the steps that computed the N tokens;
 - **decode**: B requests of L prompt tokens each, `decode_steps` output tokens; the sample is
   the median time of the steps that decoded all B together (no prefill in the step);
-- **swap**: the Swap connector's own copy functions (`kv_swap.copy_blocks_out`/`copy_blocks_in`)
+- **swap**: the Swap connector's own copy path (`kv_copy.KvMover`, out and back)
   on KV tensors of the engine's layout, dtype and block size, for several block counts, run in
   this process after the engine has stopped (the connector copies inside the worker in the same
   way); the sample is the median of `swap_repeats` copies;
