@@ -1,17 +1,31 @@
-"""Fixtures for the vLLM tests: the tiny model, built once per session, and an event loop thread."""
+"""Fixtures for the vLLM tests: the tiny model, an event loop thread, and the shared engines and servers.
+
+The shared ones (tests/shared.py; configurations in tests/engines.py and tests/servers.py) are
+session fixtures of their names: every one the collected tests use starts with the session,
+in the background, and each is stopped after the last test that uses it. A test marked
+`stops_shared` (it stops its shared engine or server itself) runs after the other tests on it.
+"""
 
 from __future__ import annotations
 
-import asyncio
+import importlib.util
 import os
-import threading
 
 import pytest
+
+import engines
+import servers
+from loop_thread import LoopThread
+from shared import SharedPool
 
 # Before vLLM is imported: 1 GiB of CPU KV cache; the in-process LLM keeps its engine
 # core in this process (AsyncLLM always starts its own engine-core process).
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
+
+SHARED = {**engines.SHARED, **servers.SHARED}  # fixture name -> factory(model, folder)
+_last_user: dict[str, str] = {}  # shared fixture -> node id of the last test that uses it
+_pool: list[SharedPool] = []  # the session's, once a test has needed one
 
 
 @pytest.fixture(scope="session")
@@ -22,24 +36,79 @@ def tiny_model(tmp_path_factory: pytest.TempPathFactory) -> str:
     return str(build_tiny_model(tmp_path_factory.mktemp("tiny") / "model"))
 
 
-class LoopThread:
-    """An asyncio loop in a thread, so that an AsyncLLM outlives one test."""
-
-    def __init__(self) -> None:
-        self.loop = asyncio.new_event_loop()
-        self._thread = threading.Thread(target=self.loop.run_forever, daemon=True)
-        self._thread.start()
-
-    def run(self, coro, timeout: float = 120.0):
-        return asyncio.run_coroutine_threadsafe(coro, self.loop).result(timeout)
-
-    def close(self) -> None:
-        self.loop.call_soon_threadsafe(self.loop.stop)
-        self._thread.join(10)
-
-
 @pytest.fixture(scope="module")
 def loop_thread():
     runner = LoopThread()
     yield runner
     runner.close()
+
+
+# --- shared engines and servers ----------------------------------------------------------------
+
+
+def pytest_configure(config: pytest.Config) -> None:
+    config.addinivalue_line("markers", "stops_shared: stops the shared engine or server it uses; runs after "
+                                       "every other test on it")
+
+
+def _shared_of(item: pytest.Item) -> list[str]:
+    return [name for name in SHARED if name in item.fixturenames]
+
+
+@pytest.hookimpl(trylast=True)  # after -m/-k deselection
+def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    for stopper in [item for item in items if item.get_closest_marker("stops_shared")]:
+        names = set(_shared_of(stopper))
+        items.remove(stopper)
+        last = max((i for i, item in enumerate(items) if names & set(_shared_of(item))), default=len(items) - 1)
+        items.insert(last + 1, stopper)
+    _last_user.clear()
+    for item in items:
+        for name in _shared_of(item):
+            _last_user[name] = item.nodeid
+
+
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
+    yield
+    for name, nodeid in _last_user.items():
+        if nodeid == item.nodeid and _pool:
+            _pool[0].stop(name)
+
+
+@pytest.fixture(scope="session")
+def shared_pool(tiny_model, tmp_path_factory):
+    pool = SharedPool(SHARED, tiny_model, tmp_path_factory.mktemp, set(_last_user))
+    _pool.append(pool)
+    yield pool
+    pool.close()
+    _pool.clear()
+
+
+@pytest.fixture(scope="session", autouse=True)
+def _shared_start_early(request):
+    """What the session shares starts with it, in the background: a start is mostly one core's
+    work (processes importing vLLM), and the tests before the ones that use it take the other."""
+    if _last_user and importlib.util.find_spec("vllm") is not None:  # without vLLM, their tests skip
+        request.getfixturevalue("shared_pool").start()
+
+
+def _shared_fixture(name: str, doc: str):
+    @pytest.fixture(scope="session", name=name)
+    def fixture(shared_pool):
+        return shared_pool.get(name)
+
+    fixture.__doc__ = doc
+    return fixture
+
+
+runtime_engine = _shared_fixture("runtime_engine", "`engines.RUNTIME`: MARS, per-request strategies allowed.")
+audit_vllm_engine = _shared_fixture("audit_vllm_engine", "`engines.AUDITED['vllm']`: stock vLLM's rule.")
+audit_infercept_engine = _shared_fixture("audit_infercept_engine", "`engines.AUDITED['infercept']`.")
+audit_discard_engine = _shared_fixture("audit_discard_engine", "`engines.AUDITED['discard']`: a fixed strategy.")
+learned_engine = _shared_fixture("learned_engine", "`engines.LEARNED`: MARS with learned length predictions.")
+chat_server = _shared_fixture("chat_server", "`servers.CHAT`: plain requests and client-side tool calls, "
+                                             "a short retention limit.")
+tools_server = _shared_fixture("tools_server", "`servers.TOOLS`: server-side tools (`--tools`), 48 KV blocks, "
+                                               "a long retention limit.")
+assert all(name in globals() for name in SHARED), "a shared engine or server without its fixture"

@@ -1,22 +1,19 @@
 """`marsched serve` as a user runs it: a live server (tiny model, CPU, loopback), fuzzed.
 
-One server for the module (`marsched serve` in a subprocess, on a free port). Malformed
-marsched fields and malformed bodies (hypothesis) must each get a 4xx and never reach the
-engine core (the scheduler's event trace records every request that arrives); afterwards
-the server answers a normal request and device and host KV usage are back to zero (the
-scheduler's own state at `/marsched/state`, and vLLM's `vllm:kv_cache_usage_perc`). The last
-test stops the server as Ctrl-C does and checks that every process it started is gone.
+The session's chat server (`servers.CHAT`: `marsched serve` in a subprocess, on a free port,
+shared with test_serve_conversations and test_serve_metrics). Malformed marsched fields and
+malformed bodies (hypothesis) must each get a 4xx and never reach the engine core (the
+scheduler's event trace records every request that arrives); afterwards the server answers a
+normal request and device and host KV usage are back to zero (the scheduler's own state at
+`/marsched/state`, and vLLM's `vllm:kv_cache_usage_perc`). The last test on the server stops it
+as Ctrl-C does and checks that every process it started is gone.
 """
 
 from __future__ import annotations
 
-import contextlib
 import json
 import signal
-import subprocess
-import sys
 import time
-from pathlib import Path
 
 import pytest
 
@@ -28,122 +25,16 @@ from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
 from marsched.metrics.trace import read_trace  # noqa: E402
-from marsched.serve.launch import free_port  # noqa: E402
+from servers import Server, completion, wait_idle  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
-CHAT_TEMPLATE = "{% for m in messages %}{{ m['content'] }}\n{% endfor %}"
 FUZZ_CASES = 1000
-START_TIMEOUT_S = 300
-
-
-class Server:
-    def __init__(self, model: str, folder: Path, template: str = CHAT_TEMPLATE, serve_args: tuple[str, ...] = (),
-                 vllm_args: tuple[str, ...] = ()) -> None:
-        self.model = model
-        self.port = free_port("127.0.0.1")
-        self.url = f"http://127.0.0.1:{self.port}"
-        self.trace = folder / "trace.jsonl"
-        self.log = folder / "serve.log"
-        (folder / "chat.jinja").write_text(template)
-        command = [sys.executable, "-m", "marsched.cli", "serve", model, "--port", str(self.port),
-                   "--cpu-kv-cache-gib", "1", "--trace-out", str(self.trace), *serve_args,
-                   "--", "--dtype", "float32", "--enforce-eager", "--max-model-len", "512",
-                   "--chat-template", str(folder / "chat.jinja"), *vllm_args]
-        self._log_file = open(self.log, "w")
-        self.process = subprocess.Popen(command, stdout=self._log_file, stderr=subprocess.STDOUT,
-                                        start_new_session=True)
-        self.descendants: dict[int, psutil.Process] = {}
-        self.client = httpx.Client(timeout=60)
-
-    def wait_ready(self) -> None:
-        deadline = time.monotonic() + START_TIMEOUT_S
-        while "marsched serve: listening on" not in self.log.read_text():
-            assert self.process.poll() is None, f"marsched serve exited:\n{self.log.read_text()[-3000:]}"
-            assert time.monotonic() < deadline, f"not ready after {START_TIMEOUT_S} s:\n{self.log.read_text()[-3000:]}"
-            time.sleep(0.5)
-        self.note_descendants()
-
-    def note_descendants(self) -> None:
-        try:
-            children = psutil.Process(self.process.pid).children(recursive=True)
-        except psutil.NoSuchProcess:  # stopped already
-            return
-        for child in children:
-            self.descendants.setdefault(child.pid, child)
-
-    def alive(self) -> list[psutil.Process]:
-        processes = [psutil.Process(self.process.pid)] if self.process.poll() is None else []
-        living = []
-        for process in processes + list(self.descendants.values()):
-            try:
-                if process.is_running() and process.status() != psutil.STATUS_ZOMBIE:
-                    living.append(process)
-            except psutil.NoSuchProcess:
-                pass
-        return living
-
-    def stop(self, signum: int = signal.SIGINT, timeout_s: float = 90.0) -> int | None:
-        self.note_descendants()
-        if self.process.poll() is None:
-            self.process.send_signal(signum)
-            try:
-                self.process.wait(timeout_s)
-            except subprocess.TimeoutExpired:
-                pass
-        return self.process.poll()
-
-    def kill_leftovers(self) -> None:
-        for process in self.alive():
-            try:
-                process.kill()
-            except psutil.NoSuchProcess:
-                pass
-        self.process.wait(10)
-        self.client.close()
-        self._log_file.close()
-
-    # --- HTTP ------------------------------------------------------------------------
-
-    def post(self, path: str, body=None, raw: bytes | None = None) -> httpx.Response:
-        content = raw if raw is not None else json.dumps(body).encode()
-        return self.client.post(self.url + path, content=content, headers={"content-type": "application/json"})
-
-    def state(self) -> dict:
-        response = self.client.get(self.url + "/marsched/state")
-        assert response.status_code == 200, response.text
-        return response.json()
-
-    def kv_usage_metric(self) -> float:
-        for line in self.client.get(self.url + "/metrics").text.splitlines():
-            if line.startswith("vllm:kv_cache_usage_perc{"):
-                return float(line.rsplit(" ", 1)[1])
-        raise AssertionError("no vllm:kv_cache_usage_perc in /metrics")
-
-    def arrivals(self) -> int:
-        return sum(1 for e in read_trace(self.trace) if e["event"] == "arrive") if self.trace.exists() else 0
-
-
-@contextlib.contextmanager
-def started(model: str, folder: Path, **options):
-    """A `Server` once it listens; stopped, with every process it started, at the end."""
-    running = Server(model, folder, **options)
-    try:
-        running.wait_ready()
-        yield running
-    finally:
-        running.stop()
-        running.kill_leftovers()
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    with started(tiny_model, tmp_path_factory.mktemp("serve")) as running:
-        yield running
-
-
-def completion(server: Server, **fields) -> dict:
-    return {"model": server.model, "prompt": "the quick brown fox", "max_tokens": 4, **fields}
+def server(chat_server):
+    return chat_server
 
 
 def chat(server: Server, **fields) -> dict:
@@ -153,19 +44,6 @@ def chat(server: Server, **fields) -> dict:
 
 def meta(**fields) -> str:
     return json.dumps({"plan": [[4, "math", 0.5, 3], [4, None, 0, 0]], **fields})
-
-
-def wait_idle(server: Server, timeout_s: float = 20.0) -> dict:
-    deadline = time.monotonic() + timeout_s
-    while True:
-        state = server.state()
-        sched = state.get("scheduler") or {}
-        idle = (sched.get("tracked") == 0 and sched.get("device_free_blocks") == sched.get("device_total_blocks")
-                and sched.get("host_tokens") == 0 and state["host_bytes"] == 0)
-        if idle and server.kv_usage_metric() == 0.0:
-            return state
-        assert time.monotonic() < deadline, f"KV usage never returned to zero: {state}"
-        time.sleep(0.2)
 
 
 def test_serve_prints_where_it_listens_and_serves(server):
@@ -350,6 +228,7 @@ def test_bad_marsched_values_are_named_in_the_400(server):
         assert error["param"] == field and error["message"].startswith(field), error
 
 
+@pytest.mark.stops_shared
 def test_ctrl_c_stops_the_server_and_every_process_it_started(server):
     server.note_descendants()
     assert len(server.descendants) >= 2  # vLLM's API server and its engine core (and its worker)

@@ -1,4 +1,5 @@
-"""Client-side tool calls through a live `marsched serve`, driven by the official `openai` client.
+"""Client-side tool calls through a live `marsched serve` (the session's chat server, `servers.CHAT`),
+driven by the official `openai` client.
 
 A conversation turn ends with a tool call (a named `tool_choice`: the random-weight model
 then writes a valid call under vLLM's structured outputs); the server keeps the turn's KV
@@ -19,18 +20,11 @@ import pytest
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from test_serve import Server, started  # noqa: E402
+from servers import CHAT_RETENTION_LIMIT_S, Server  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
-LIMIT_S = 8.0
-TOOL_TEMPLATE = (
-    "{% for m in messages %}{% if m['role'] == 'assistant' and m.get('tool_calls') %}"
-    "{% for c in m['tool_calls'] %}call {{ c['function']['name'] }} {{ c['function']['arguments'] }}\n{% endfor %}"
-    "{% elif m['role'] == 'tool' %}result {{ m['content'] }}\n{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}"
-)
-TOOL_ARGS = ("--block-size", "32", "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
-             "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}')
+LIMIT_S = CHAT_RETENTION_LIMIT_S  # the chat server's retention limit
 WEATHER = {"type": "function", "function": {
     "name": "get_weather", "description": "the weather in a city",
     "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["paris", "oslo"]}},
@@ -39,10 +33,8 @@ QUESTION = " ".join(["search the web for the weather in paris today and call the
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    with started(tiny_model, tmp_path_factory.mktemp("conversations"), serve_args=("--retention-limit-s", str(LIMIT_S)),
-                 vllm_args=TOOL_ARGS, template=TOOL_TEMPLATE) as running:
-        yield running
+def server(chat_server):
+    return chat_server
 
 
 @pytest.fixture(scope="module")

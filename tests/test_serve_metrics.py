@@ -1,8 +1,8 @@
 """`GET /metrics` of `marsched serve`: vLLM's metrics with the MARS scheduler's appended.
 
 The middleware alone first (a fake vLLM app and engine: what is appended, what is passed
-on untouched, a silent engine), then a live server on the tiny model (the Server helper of
-test_serve.py): the text parses with prometheus_client's own parser, vLLM's families are
+on untouched, a silent engine), then the session's chat server on the tiny model (`servers.CHAT`, shared
+with test_serve.py): the text parses with prometheus_client's own parser, vLLM's families are
 still there, and the marsched gauges follow the scheduler while requests run.
 """
 
@@ -156,12 +156,8 @@ def test_other_answers_and_requests_pass_untouched(kind):
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    pytest.importorskip("vllm")
-    from test_serve import started
-
-    with started(tiny_model, tmp_path_factory.mktemp("serve-metrics")) as running:
-        yield running
+def server(chat_server):
+    return chat_server
 
 
 def live_samples(server) -> dict[tuple[str, tuple], float]:
@@ -173,7 +169,7 @@ def live_samples(server) -> dict[tuple[str, tuple], float]:
 @pytest.mark.vllm
 @pytest.mark.timeout(600)
 def test_live_metrics_follow_the_scheduler(server):
-    from test_serve import completion, wait_idle
+    from servers import completion, wait_idle
 
     idle = live_samples(server)
     assert any(name == "vllm:kv_cache_usage_perc" for name, _ in idle)  # vLLM's own families are kept
@@ -221,7 +217,7 @@ def test_live_metrics_follow_the_scheduler(server):
 @pytest.mark.timeout(600)
 def test_live_retained_conversation_is_counted(server):
     """A conversation turn with a forced strategy is retained; the next turn is a hit."""
-    from test_serve import completion
+    from servers import completion
 
     def turn(**marsched) -> object:
         body = completion(server, max_tokens=4, prompt="the quick brown fox jumps over the lazy dog " * 20,

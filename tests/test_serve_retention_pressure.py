@@ -1,4 +1,5 @@
-"""Kept conversations when KV memory binds: a live `marsched serve` with 48 blocks of 32 tokens.
+"""Kept conversations when KV memory binds: a live `marsched serve` with 48 blocks of 32 tokens
+(the session's tools server, `servers.TOOLS`; its server-side tools are not used here).
 
 Between a turn and its follow-up, other requests pass through the cache. A Preserve-kept
 turn survives them (its blocks are pinned) and its follow-up recomputes nothing it had; a
@@ -16,20 +17,17 @@ import pytest
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from test_serve import Server, started  # noqa: E402
-from test_serve_conversations import TOOL_ARGS, TOOL_TEMPLATE, marsched, tool_turn, wait_for  # noqa: E402
+from servers import Server  # noqa: E402
+from test_serve_conversations import marsched, tool_turn, wait_for  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
-BLOCKS = 48
 WORDS = "the quick brown fox jumps over the lazy dog and the answer is forty two".split()
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    with started(tiny_model, tmp_path_factory.mktemp("pressure"), serve_args=("--retention-limit-s", "120"),
-                 vllm_args=(*TOOL_ARGS, "--num-gpu-blocks-override", str(BLOCKS)), template=TOOL_TEMPLATE) as running:
-        yield running
+def server(tools_server):
+    return tools_server
 
 
 @pytest.fixture(scope="module")

@@ -1,18 +1,18 @@
 """Server-side tools: `marsched serve --tools FILE` runs the tool loop of a chat request itself.
 
-One live server for the module (tiny random-weight model, CPU), driven with the official
-`openai` client. A named tool_choice makes the random model emit a valid call (structured
-output, JSON without whitespace); the chat template renders calls and results, so a request
-built by hand with the same messages is the reference the loop's answer must equal token
-for token (a different cache_salt: nothing reused). The tools are Python functions of a
-module written next to the server; they record their calls to a file.
+The session's tools server (`servers.TOOLS`: tiny random-weight model, CPU; shared with
+test_serve_retention_pressure), driven with the official `openai` client. A named tool_choice
+makes the random model emit a valid call (structured output, JSON without whitespace); the
+chat template renders calls and results, so a request built by hand with the same messages is
+the reference the loop's answer must equal token for token (a different cache_salt: nothing
+reused). The tools are Python functions of a
+module written next to the server (`servers.TOOLS_MODULE`); they record their calls to a file.
 """
 
 from __future__ import annotations
 
 import asyncio
 import json
-import os
 import subprocess
 import sys
 import time
@@ -24,7 +24,7 @@ pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 httpx = pytest.importorskip("httpx")
 
-from test_serve import Server  # noqa: E402
+from servers import CITY, Server, tool_calls_record  # noqa: E402
 
 from marsched.metrics.trace import read_trace  # noqa: E402
 
@@ -34,94 +34,15 @@ from marsched.serve.tool_config import ToolsConfigError, load_tools_config  # no
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
-TEMPLATE = ("{% for m in messages %}{% if m['role'] == 'assistant' and m.get('tool_calls') %}"
-            "{% for c in m['tool_calls'] %}call {{ c['function']['name'] }} {{ c['function']['arguments'] }}\n"
-            "{% endfor %}{% elif m['role'] == 'tool' %}result {{ m['content'] }}\n"
-            "{% else %}{{ m['content'] }}\n{% endif %}{% endfor %}")
-CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["paris", "oslo"]}},
-        "required": ["city"], "additionalProperties": False}
-EXPRESSION = {"type": "object", "properties": {"expression": {"type": "string", "enum": ["6*7"]}},
-              "required": ["expression"], "additionalProperties": False}
 MAX_TOKENS = 24
-
-TOOLS_MODULE = '''
-import asyncio, json, time
-
-RECORD = {record!r}
-
-def _note(name, args, event="call"):
-    with open(RECORD, "a") as f:
-        f.write(json.dumps({{"tool": name, "args": args, "event": event, "t": time.time()}}) + "\\n")
-
-def weather(args):
-    """The weather in a city."""
-    _note("weather", args)
-    return "sunny in " + args["city"]
-
-def boom(args):
-    _note("boom", args)
-    raise RuntimeError("kaboom")
-
-async def slow(args):
-    _note("slow", args)
-    await asyncio.sleep(5)
-    return "too late"
-
-def number(args):
-    _note("number", args)
-    return 42
-
-async def nap(args):
-    _note("nap", args)
-    try:
-        await asyncio.sleep(60)
-    except asyncio.CancelledError:
-        _note("nap", args, "cancelled")
-        raise
-    return "rested"
-'''
-
-
-def tools_file(folder: Path, module: str) -> Path:
-    def fn(name: str, **extra) -> dict:
-        return {"name": name, "function": f"{module}:{name}", "parameters": CITY, **extra}
-
-    config = {"tools": [{"name": "calculator", "builtin": "calculator", "parameters": EXPRESSION},
-                        fn("weather", expected_s=0.5), fn("boom"), fn("slow", timeout_s=0.5), fn("number"),
-                        fn("nap", timeout_s=120)],
-              "max_rounds": 3}
-    path = folder / "tools.json"
-    path.write_text(json.dumps(config))
-    return path
 
 
 @pytest.fixture(scope="module")
-def setup(tiny_model, tmp_path_factory):
-    folder = tmp_path_factory.mktemp("serve-tools")
-    record = folder / "calls.jsonl"
-    (folder / "srv_tools_fixture.py").write_text(TOOLS_MODULE.format(record=str(record)))
-    path = tools_file(folder, "srv_tools_fixture")
-    old = os.environ.get("PYTHONPATH")
-    os.environ["PYTHONPATH"] = os.pathsep.join(p for p in (str(folder), old) if p)  # the server imports the tools
-    try:
-        # Blocks of 32 tokens (the CPU backend's least): the conversations here fill some, so the scheduler keeps them.
-        server = Server(tiny_model, folder, template=TEMPLATE, serve_args=("--tools", str(path)),
-                        vllm_args=("--block-size", "32", "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
-                                   "--structured-outputs-config",
-                                   '{"backend":"xgrammar","disable_any_whitespace":true}',
-                                   "--enable-log-requests"))
-    finally:
-        if old is None:
-            del os.environ["PYTHONPATH"]
-        else:
-            os.environ["PYTHONPATH"] = old
-    try:
-        server.wait_ready()
-        client = openai.OpenAI(base_url=server.url + "/v1", api_key="none", max_retries=0, timeout=120)
-        yield server, client, record
-    finally:
-        server.stop()
-        server.kill_leftovers()
+def setup(tools_server):
+    """The session's tools server (`servers.TOOLS`: its tools module records each call to a file)."""
+    client = openai.OpenAI(base_url=tools_server.url + "/v1", api_key="none", max_retries=0, timeout=120)
+    yield tools_server, client, tool_calls_record(tools_server.folder)
+    client.close()
 
 
 def calls(record: Path) -> list[dict]:

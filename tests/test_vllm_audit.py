@@ -1,13 +1,26 @@
-"""Real vLLM traces of every policy follow the trace schema and pass the audit.
+"""Real vLLM traces follow the trace schema and pass the audit.
 
-One AugmentedEngine per policy (CPU, tiny random model) serves a few augmented requests
-(two calls each) and plain ones at once; the trace is read after shutdown, when the
-scheduler has written its `end` event.
+The audit's rules are about the trace, and the simulator's traces of every policy pass them
+(test_audit.py). What only a real engine shows is MarsScheduler's trace, written from vLLM's
+own requests, blocks and clock, under each way vLLM runs a call: one AugmentedEngine (CPU,
+tiny random model) per strategy rule serves the same augmented requests (two calls each) and
+plain ones at once (`vllm_scenarios.mixed_requests`):
+
+- `vllm`: end at the call (the request leaves vLLM and queues again at the tail);
+- `infercept`: decided at the call, reconsidered while paused;
+- `discard`: one fixed strategy (its engine, once idle, also takes the SIGTERM test);
+- `mars`: ahead of the segment, ranked by memory x time: test_vllm_runtime.py's engine, whose
+  whole trace (Preserve, Discard and Swap side by side, faults, aborts) is audited at its end.
+
+`sjf`, `preserve` and `swap` are those rules with another ranking key or fixed strategy: their
+keys and rules are the policy core's (audited in the simulator); Preserve and Swap on vLLM's
+KV cache are test_vllm_runtime.py's. The three engines (engines.AUDITED) start with the session
+and serve side by side. Each trace is read after shutdown, when the scheduler has written its
+`end` event.
 """
 
 from __future__ import annotations
 
-import asyncio
 import ctypes
 import os
 import signal
@@ -17,33 +30,38 @@ import pytest
 
 pytest.importorskip("vllm")
 
+from engines import AUDIT_POLICIES, AUDITED  # noqa: E402
 from marsched.audit import audit_trace  # noqa: E402
-from marsched.metrics.trace import read_trace  # noqa: E402
-from marsched.policy import POLICY_NAMES  # noqa: E402
 from marsched.policy.registry import SIMULATOR_ONLY  # noqa: E402
-from marsched.vllm import AugmentedEngine, Step, ToolCall  # noqa: E402
+from marsched.vllm import AugmentedEngine  # noqa: E402
 from test_trace_schema import schema_errors  # noqa: E402
+from vllm_scenarios import REQUESTS, assert_audited, ended_trace, mixed_requests  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 
-def steps(index: int) -> list[Step]:
-    call = ToolCall("sleep", {"duration_s": 0.05 + 0.05 * index, "tokens": [100 + index] * 4})
-    return [Step(12 + index, call), Step(8, call), Step(6)]
-
-
-def ended_trace(path, timeout_s: float = 60.0) -> list[dict]:
-    """The trace once the engine-core process has shut down its scheduler (it writes `end` then;
-    `shutdown()` returns before the process is done)."""
-    deadline = time.monotonic() + timeout_s
-    while True:
+@pytest.fixture(scope="module")
+def runs(audit_vllm_engine, audit_infercept_engine, audit_discard_engine):
+    """Each policy's engine (engines.AUDITED) once it has served the stream, all side by side:
+    {policy: (engines.SharedEngine, results or the exception its tests raise)}."""
+    shared = dict(zip(AUDIT_POLICIES, (audit_vllm_engine, audit_infercept_engine, audit_discard_engine)))
+    assert {policy: s.config for policy, s in shared.items()} == AUDITED
+    serving = {policy: s.loop.submit(mixed_requests(s.engine, policy)) for policy, s in shared.items()}
+    runs = {}
+    for policy, future in serving.items():
         try:
-            events = read_trace(path)
-        except ValueError:  # a line being written
-            events = [{"event": None}]
-        if events[-1]["event"] == "end" or time.monotonic() > deadline:
-            return events
-        time.sleep(0.2)
+            runs[policy] = shared[policy], future.result(300)
+        except Exception as error:  # noqa: BLE001 - raised by the policy's own tests
+            runs[policy] = shared[policy], error
+    return runs
+
+
+def served(runs, policy: str):
+    shared, results = runs[policy]
+    if isinstance(results, Exception):
+        raise results
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    return shared
 
 
 def test_the_engine_refuses_a_simulator_only_policy_before_starting(tiny_model):
@@ -52,55 +70,16 @@ def test_the_engine_refuses_a_simulator_only_policy_before_starting(tiny_model):
             AugmentedEngine(tiny_model, policy=policy)
 
 
-@pytest.mark.parametrize("policy", [p for p in POLICY_NAMES if p not in SIMULATOR_ONLY])
-def test_vllm_trace_follows_the_schema_and_passes_the_audit(policy, tiny_model, loop_thread, tmp_path):
-    trace = tmp_path / f"{policy}.jsonl"
-
-    async def scenario():
-        engine = AugmentedEngine(tiny_model, policy=policy, trace_path=str(trace), dtype="float32",
-                                 enforce_eager=True, block_size=32, max_model_len=512, seed=0)
-        await engine.start()
-        try:
-            augmented = [engine.generate(list(range(10 + i, 40 + i)), steps(i), request_id=f"aug-{i}",
-                                         ignore_eos=True) for i in range(4)]
-            plain = [engine.generate(list(range(50 + i, 70 + i)), [Step(10)], request_id=f"plain-{i}",
-                                     ignore_eos=True) for i in range(2)]
-            return await asyncio.gather(*augmented, *plain)
-        finally:
-            engine.shutdown()
-
-    results = loop_thread.run(scenario(), timeout=300)
-    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
-    events = ended_trace(trace)
-    assert events[0]["event"] == "run" and events[0]["engine"] == "vllm" and events[-1]["event"] == "end"
-    assert schema_errors(events) == []
-    result = audit_trace(trace, policy)
-    assert result.requests == 6
-    assert result.violations == [], "\n".join(map(str, result.violations))
-
-
-def test_an_idle_engine_core_shuts_down_on_a_sigterm_taken_by_another_thread(tiny_model, loop_thread, tmp_path):
+def test_an_idle_engine_core_shuts_down_on_a_sigterm_taken_by_another_thread(runs):
     # The kernel may hand vLLM's process-directed SIGTERM to any engine-core thread, but Python runs
     # the handler in the main thread, which an idle engine leaves asleep on its input queue (see
     # marsched/vllm/signals.py). Aim the signal at another thread on purpose.
     tgkill = getattr(ctypes.CDLL(None, use_errno=True), "tgkill", None)
     if tgkill is None:
         pytest.skip("no tgkill in this libc")
-    trace = tmp_path / "sigterm.jsonl"
-
-    async def serve_one():
-        engine = AugmentedEngine(tiny_model, policy="discard", trace_path=str(trace), dtype="float32",
-                                 enforce_eager=True, block_size=32, max_model_len=512, seed=0)
-        await engine.start()
-        return engine, await engine.generate(list(range(10, 40)), [Step(8)], ignore_eos=True)
-
-    async def shutdown(engine):
-        engine.shutdown()
-
-    engine, result = loop_thread.run(serve_one(), timeout=300)
+    run = served(runs, "discard")
     try:
-        assert result.ok, result.error
-        process = engine.llm.engine_core.resources.engine_manager.processes[0]
+        process = run.engine.llm.engine_core.resources.engine_manager.processes[0]
         time.sleep(1)  # the engine core goes idle
 
         def takes_sigterm(tid: int) -> bool:  # ZMQ's threads block every signal
@@ -116,9 +95,16 @@ def test_an_idle_engine_core_shuts_down_on_a_sigterm_taken_by_another_thread(tin
         # Some threads come and go: the first one still there takes it.
         assert any(tgkill(process.pid, tid, signal.SIGTERM) == 0 for tid in threads), "no thread to signal"
         # Before shutdown() (its own SIGTERM may wake the main thread): the scheduler has ended the trace.
-        assert ended_trace(trace, timeout_s=30)[-1]["event"] == "end", "the engine core did not act on SIGTERM"
+        assert ended_trace(run.trace_file, timeout_s=30)[-1]["event"] == "end", "the engine core did not act on SIGTERM"
     finally:
-        loop_thread.run(shutdown(engine), timeout=60)
+        run.shutdown()
+
+
+@pytest.mark.parametrize("policy", AUDIT_POLICIES)
+def test_vllm_trace_follows_the_schema_and_passes_the_audit(policy, runs):
+    run = served(runs, policy)
+    run.shutdown()  # discard's may have ended on the SIGTERM above: its trace is audited all the same
+    assert_audited(run.trace_file, policy, REQUESTS)
 
 
 def test_vllm_starvation_counter_and_promotions_pass_the_audit(tiny_model, tmp_path):

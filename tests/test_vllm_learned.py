@@ -1,5 +1,7 @@
 """A served request carries a learned length prediction, made in the front end, into the scheduler's trace.
 
+The engine is `engines.LEARNED` (MARS with `predictor: learned`), started with the session.
+
 Needs real vLLM and the `predict` extra (CI installs both: `scripts/setup.sh --vllm`).
 """
 
@@ -15,28 +17,25 @@ if importlib.util.find_spec("all_minilm_l6_v2") is None or importlib.util.find_s
 
 from marsched.metrics.trace import read_trace  # noqa: E402
 from marsched.predict.learned import load_model  # noqa: E402
-from marsched.vllm import AugmentedEngine, Step, ToolCall  # noqa: E402
+from marsched.vllm import Step, ToolCall  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.predict, pytest.mark.timeout(600)]
 
 
-def test_a_served_request_carries_a_learned_prediction(tiny_model, loop_thread, tmp_path):
-    trace = tmp_path / "events.jsonl"
+def test_a_served_request_carries_a_learned_prediction(learned_engine):
+    engine, trace = learned_engine.engine, learned_engine.trace_file
     model = load_model(None)
 
     async def scenario():
-        engine = AugmentedEngine(tiny_model, policy="mars", trace_path=str(trace), mars={"predictor": "learned"},
-                                 dtype="float32", enforce_eager=True, block_size=32, max_model_len=2048, seed=0)
-        await engine.start()
-        try:
-            prompt = engine._tokenizer.encode("please write a long story about a dragon", add_special_tokens=False)
-            steps = [Step(12, ToolCall("sleep", {"duration_s": 0.1, "tokens": [100, 101, 102]})), Step(8)]
-            result = await engine.generate(prompt, steps, request_id="learned-1", ignore_eos=True)
-            return engine._tokenizer, prompt, result
-        finally:
-            engine.shutdown()
+        prompt = engine._tokenizer.encode("please write a long story about a dragon", add_special_tokens=False)
+        steps = [Step(12, ToolCall("sleep", {"duration_s": 0.1, "tokens": [100, 101, 102]})), Step(8)]
+        result = await engine.generate(prompt, steps, request_id="learned-1", ignore_eos=True)
+        return engine._tokenizer, prompt, result
 
-    tokenizer, prompt, result = loop_thread.run(scenario(), timeout=300)
+    try:
+        tokenizer, prompt, result = learned_engine.run(scenario(), timeout=300)
+    finally:
+        learned_engine.shutdown()  # the trace is whole
     assert result.ok, result.error
     expected = [model.predict_one(tokenizer.decode(prompt), len(prompt), 0),
                 model.predict_one(tokenizer.decode([100, 101, 102]), len(prompt) + 12 + 3, 12)]

@@ -1,20 +1,25 @@
 """Augmented requests on real vLLM (CPU, tiny random model): KV correctness, memory, faults, trace.
 
-One AsyncLLM engine (MarsScheduler + HostSwapConnector) serves the module; each
+One AsyncLLM engine (MarsScheduler + HostSwapConnector; `engines.RUNTIME`) serves the module; each
 request picks its strategy with a per-request override, so Preserve, Discard and
-Swap run side by side in the same batch.
+Swap run side by side in the same batch. The last test serves the audit's requests
+under MARS's own strategies, stops the engine and audits their part of the trace as
+MARS (test_vllm_audit.py's real-engine audit, for MARS's rule).
 """
 
 from __future__ import annotations
 
 import asyncio
+import json
 
 import pytest
 
 pytest.importorskip("vllm")
 
 from marsched.metrics.trace import read_trace  # noqa: E402
-from marsched.vllm import AugmentedEngine, Step, ToolCall  # noqa: E402
+from marsched.vllm import Step, ToolCall  # noqa: E402
+from test_trace_schema import schema_errors  # noqa: E402
+from vllm_scenarios import REQUESTS, assert_audited, ended_trace, mixed_requests  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -31,18 +36,14 @@ def three_segments(duration_s: float = 0.3) -> list[Step]:
 
 
 @pytest.fixture(scope="module")
-def engine(tiny_model, loop_thread, tmp_path_factory):
-    trace = tmp_path_factory.mktemp("trace") / "events.jsonl"
+def engine(runtime_engine):
+    return runtime_engine.engine
 
-    async def start():
-        eng = AugmentedEngine(tiny_model, policy="mars", trace_path=str(trace), dtype="float32",
-                              enforce_eager=True, block_size=32, max_model_len=2048, seed=0)
-        return await eng.start()
 
-    eng = loop_thread.run(start(), timeout=300)
-    eng.trace_file = trace
-    yield eng
-    eng.shutdown()
+@pytest.fixture(scope="module")
+def loop_thread(runtime_engine):
+    """The engine's own loop (engines.SharedEngine)."""
+    return runtime_engine.loop
 
 
 def run(loop_thread, coro, timeout=120):
@@ -230,3 +231,22 @@ def test_live_tool_call_by_stop_token(engine, loop_thread):
     assert live.segments[0].tool == "calculator" and live.segments[0].tool_args == "6*7"
     assert engine._tokenizer.decode(live.segments[0].returned_token_ids) == "42"
     assert live.segments[1].token_ids == ref.output_token_ids
+
+
+@pytest.mark.stops_shared
+def test_the_audit_stream_passes_the_mars_audit(runtime_engine, engine, loop_thread, tmp_path):
+    # test_vllm_audit.py's stream under MARS's own strategies, sent once the engine is idle: the trace
+    # from its first arrival to the engine's end is that of an engine that served it alone.
+    run(loop_thread, wait_state(engine, idle))
+    results = run(loop_thread, mixed_requests(engine, "audit"))
+    assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+    assert all(s.strategy is not None for r in results[:4] for s in r.segments[:2])  # MARS chose them
+    runtime_engine.shutdown()  # this test is the engine's last: the trace gets its end
+    events = ended_trace(engine.trace_file)
+    assert schema_errors(events) == []  # every request of the module
+    first = next(i for i, e in enumerate(events) if str(e.get("rid")).startswith("audit-"))
+    alone = [events[0], *events[first:]]
+    assert {e["rid"] for e in alone if e["event"] not in ("run", "end", "schedule")} == {r.request_id for r in results}
+    path = tmp_path / "audit-stream.jsonl"
+    path.write_text("".join(json.dumps(e) + "\n" for e in alone))
+    assert_audited(path, "mars", REQUESTS)
