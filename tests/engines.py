@@ -47,7 +47,10 @@ class SharedEngine:
 
             engine = AugmentedEngine(model, policy=config.policy, trace_path=str(trace_file), mars=config.mars,
                                      dtype="float32", enforce_eager=True, block_size=32,
-                                     max_model_len=config.max_model_len, seed=0)
+                                     max_model_len=config.max_model_len, seed=0,
+                                     # Several engines live in this process, started side by side:
+                                     # vLLM's Prometheus loggers would register the same series twice.
+                                     disable_log_stats=True)
             engine.trace_file = trace_file
             self.engine = engine  # before start(): close() stops what a failed start left
             return await engine.start()
