@@ -1,8 +1,8 @@
 """Fixtures for the vLLM tests: the tiny model, an event loop thread, and the shared engines and servers.
 
 The shared ones (tests/shared.py; configurations in tests/engines.py and tests/servers.py) are
-session fixtures of their names: every one the collected tests use starts with the session,
-in the background, and each is stopped after the last test that uses it. A test marked
+session fixtures of their names: those the collected tests use start with the session, one
+after the other in the background, and each is stopped after the last test that uses it. A test marked
 `stops_shared` (it stops its shared engine or server itself) runs after the other tests on it.
 """
 
@@ -24,6 +24,7 @@ os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
 SHARED = {**engines.SHARED, **servers.SHARED}  # fixture name -> factory(model, folder)
+_first_use: dict[str, str] = {}  # shared fixture -> node id of the first test that uses it, in test order
 _last_user: dict[str, str] = {}  # shared fixture -> node id of the last test that uses it
 _pool: list[SharedPool] = []  # the session's, once a test has needed one
 
@@ -62,9 +63,11 @@ def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item
         items.remove(stopper)
         last = max((i for i, item in enumerate(items) if names & set(_shared_of(item))), default=len(items) - 1)
         items.insert(last + 1, stopper)
+    _first_use.clear()
     _last_user.clear()
     for item in items:
         for name in _shared_of(item):
+            _first_use.setdefault(name, item.nodeid)
             _last_user[name] = item.nodeid
 
 
@@ -78,7 +81,7 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 @pytest.fixture(scope="session")
 def shared_pool(tiny_model, tmp_path_factory):
-    pool = SharedPool(SHARED, tiny_model, tmp_path_factory.mktemp, set(_last_user))
+    pool = SharedPool(SHARED, tiny_model, tmp_path_factory.mktemp, list(_first_use))
     _pool.append(pool)
     yield pool
     pool.close()
@@ -87,10 +90,9 @@ def shared_pool(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def _shared_start_early(request):
-    """What the session shares starts with it, in the background: a start is mostly one core's
-    work (processes importing vLLM), and the tests before the ones that use it take the other."""
-    if _last_user and importlib.util.find_spec("vllm") is not None:  # without vLLM, their tests skip
-        request.getfixturevalue("shared_pool").start()
+    """What the session shares starts with it, one after the other in the background (shared.py)."""
+    if _first_use and importlib.util.find_spec("vllm") is not None:  # without vLLM, their tests skip
+        request.getfixturevalue("shared_pool").start_in_background()
 
 
 def _shared_fixture(name: str, doc: str):

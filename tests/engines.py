@@ -21,6 +21,10 @@ from typing import Any
 from loop_thread import LoopThread
 
 START_TIMEOUT_S = 300
+# Several engines are alive at once: a KV cache of this many 32-token blocks (64 MiB of the tiny
+# model's KV, 1 KiB a token) instead of the 1 GiB that VLLM_CPU_KVCACHE_SPACE fills; far more than
+# any test here holds at once, so memory never binds.
+KV_BLOCKS = 2048
 
 
 @dataclass(frozen=True)
@@ -47,7 +51,7 @@ class SharedEngine:
 
             engine = AugmentedEngine(model, policy=config.policy, trace_path=str(trace_file), mars=config.mars,
                                      dtype="float32", enforce_eager=True, block_size=32,
-                                     max_model_len=config.max_model_len, seed=0,
+                                     max_model_len=config.max_model_len, num_gpu_blocks_override=KV_BLOCKS, seed=0,
                                      # Several engines live in this process, started side by side:
                                      # vLLM's Prometheus loggers would register the same series twice.
                                      disable_log_stats=True)

@@ -21,6 +21,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable
 
+from engines import KV_BLOCKS
+
 START_TIMEOUT_S = 300
 
 # Renders tool calls and results as text; plain messages as their content, one per line.
@@ -231,7 +233,8 @@ CHAT_RETENTION_LIMIT_S = 8.0  # short: a follow-up that never comes is freed wit
 TOOLS_RETENTION_LIMIT_S = 120.0  # long: a kept turn outlives the traffic sent past it
 TOOLS_BLOCKS = 48  # so that a few long prompts fill the KV cache
 
-CHAT = ServerConfig("chat_server", lambda folder: ("--retention-limit-s", str(CHAT_RETENTION_LIMIT_S)), TOOL_ARGS)
+CHAT = ServerConfig("chat_server", lambda folder: ("--retention-limit-s", str(CHAT_RETENTION_LIMIT_S)),
+                    (*TOOL_ARGS, "--num-gpu-blocks-override", str(KV_BLOCKS)))  # as the shared engines
 TOOLS = ServerConfig(
     "tools_server",
     lambda folder: ("--tools", str(write_tools(folder)), "--retention-limit-s", str(TOOLS_RETENTION_LIMIT_S)),

@@ -2,47 +2,67 @@
 
 Starting a vLLM engine costs more than most of the tests that use it: an AsyncLLM starts an
 engine-core process that imports vLLM, a `marsched serve` three such processes one after
-the other. Each is mostly one core's work, so the pool starts every configuration the
-collected tests need at once, when the session starts, and the tests before theirs run
-meanwhile on the other core. conftest.py hands each out as a session fixture of its name and
-stops it after the last test that uses it.
+the other. Each start is mostly one core's work, so when the session starts the pool starts
+every configuration the collected tests need, one after the other in a background thread, in
+the order the tests first use them: the tests before theirs run meanwhile on the other core.
+A test that needs one sooner starts it at once. conftest.py hands each out as a session
+fixture of its name and stops it after the last test that uses it.
 
-A shared thing is built by `factory(model, folder)`, which starts it without waiting, and
-has `wait_ready()` (raises if it did not start) and `close()` (idempotent).
+A shared thing is built by `factory(model, folder)`, which starts it without waiting, and has
+`wait_ready()` (raises if it did not start; may be called again) and `close()` (idempotent).
 """
 
 from __future__ import annotations
 
+import threading
 from pathlib import Path
 from typing import Any, Callable
 
 
 class SharedPool:
     def __init__(self, factories: dict[str, Callable[[str, Path], Any]], model: str,
-                 folder_for: Callable[[str], Path], needed: set[str]) -> None:
-        self.factories, self.model, self.folder_for, self.needed = factories, model, folder_for, needed
+                 folder_for: Callable[[str], Path], order: list[str]) -> None:
+        self.factories, self.model, self.folder_for, self.order = factories, model, folder_for, order
         self.started: dict[str, Any] = {}
         self.closed: set[str] = set()
+        self._lock = threading.Lock()
 
-    def start(self, names: set[str] | None = None) -> None:
-        """Start those of `names` (default: all needed) not started yet, without waiting for them."""
-        for name in sorted(self.needed if names is None else names):
-            if name not in self.started and name not in self.closed:
+    def _start(self, name: str) -> Any:
+        """`name`'s shared thing, started now unless it was already; None once stopped."""
+        with self._lock:
+            if name in self.closed:
+                return None
+            if name not in self.started:
                 self.started[name] = self.factories[name](self.model, self.folder_for(name))
+            return self.started[name]
+
+    def start_in_background(self) -> None:
+        def one_after_another():
+            for name in self.order:
+                shared = self._start(name)
+                try:
+                    if shared is not None:
+                        shared.wait_ready()
+                except BaseException:  # noqa: BLE001 - raised again to the tests that get it
+                    pass
+
+        threading.Thread(target=one_after_another, name="shared-start", daemon=True).start()
 
     def get(self, name: str) -> Any:
-        assert name not in self.closed, f"{name} was stopped after what was taken as its last test"
-        self.start(self.needed | {name})
-        shared = self.started[name]
+        shared = self._start(name)
+        assert shared is not None, f"{name} was stopped after what was taken as its last test"
         shared.wait_ready()
         return shared
 
     def stop(self, name: str) -> None:
-        shared = self.started.pop(name, None)
-        self.closed.add(name)
+        with self._lock:
+            shared = self.started.pop(name, None)
+            self.closed.add(name)
         if shared is not None:
             shared.close()
 
     def close(self) -> None:
+        with self._lock:
+            self.closed.update(self.order)
         for name in list(self.started):
             self.stop(name)
