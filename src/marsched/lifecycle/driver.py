@@ -15,7 +15,7 @@ its batch, and when it calls each step.
 
 from __future__ import annotations
 
-from collections.abc import Callable, Iterator
+from collections.abc import Callable
 from typing import Any, Protocol
 
 from marsched.metrics.trace import SCHEMA_VERSION, EventTrace, event_fields
@@ -325,6 +325,3 @@ class CallLifecycle:
 
     def swapped_in(self, handle: Any, blocks: int, t: float | None = None) -> None:
         self.emit("swap_in", handle, t, blocks=blocks)
-
-    def preserved(self) -> Iterator[Any]:
-        return iter(self.paused_preserved.values())

@@ -15,11 +15,10 @@ from typing import Any
 
 from vllm.v1.request import Request, RequestStatus
 
-from marsched.policy import EngineLoad
+from marsched.policy import EngineLoad, RequestProgress
 from marsched.vllm.metadata import ChunkMeta, PlannedSegment, decode, workload_request
 from marsched.vllm.tracked import Kv, Tracked
 from marsched.workload.model import ApiCall, ApiType
-from marsched.policy import RequestProgress
 
 PAUSED = RequestStatus.WAITING_FOR_STREAMING_REQ
 
