@@ -191,7 +191,7 @@ def test_bundled_names(name, requests):
 
 
 def test_trace_names_are_the_short_names():
-    assert TRACE_NAMES == ("single", "multi", "agent")
+    assert TRACE_NAMES == ("single", "multi", "agent", "claude-code")
 
 
 @pytest.mark.parametrize("name", ["mutli", "bundle", "agent.json"])

@@ -82,6 +82,9 @@ AdmissionOpt = Annotated[str, typer.Option(
     help="Admission: greedy, predicted-peak, or 'default' (predicted-peak for mars, greedy for the others).")]
 RefreshOpt = Annotated[int, typer.Option(help="Recompute ranking keys every k iterations.")]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the metrics records (a JSON list) here.")]
+TokenScaleOpt = Annotated[float, typer.Option(
+    help="Multiply every token count of the trace (contexts, outputs, returns) by this, e.g. 0.25 to fit "
+         "claude-code's long contexts into a profile's KV cache; every record states it.")]
 
 
 def _version(value: bool) -> None:
@@ -98,14 +101,15 @@ def main(version: Annotated[bool, typer.Option(
 
 def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float, seed: int, predictor: str,
               api_estimator: str, starvation_threshold: str, starvation: str, admission: str, refresh_interval: int,
-              strict: bool, trace_out: str | None = None) -> RunSpec:
+              strict: bool, trace_out: str | None = None, token_scale: float = 1.0) -> RunSpec:
     """The run the shared options of simulate and compare describe, each option checked on its own."""
     threshold = checked(lambda: check_run_options(
         profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
         starvation_threshold_text=starvation_threshold, starvation=starvation, admission=admission,
         refresh_interval=refresh_interval, duration=duration))
+    checked(lambda: check_positive("--token-scale", token_scale))
     return RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold, refresh_interval,
-                   trace_out, strict=strict, starvation=starvation, admission=admission)
+                   trace_out, strict=strict, starvation=starvation, admission=admission, token_scale=token_scale)
 
 
 @app.command()
@@ -125,12 +129,14 @@ def simulate(
     json_path: JsonOpt = None,
     trace_out: Annotated[Path | None, typer.Option(help="Write the event trace (JSONL) here.")] = None,
     strict: StrictOpt = False,
+    token_scale: TokenScaleOpt = 1.0,
 ) -> None:
     """Simulate one policy at one arrival rate."""
     checked(lambda: check_policy("--policy", policy))
     checked(lambda: check_positive("--qps", qps))
     spec = _run_spec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, starvation_threshold,
-                     starvation, admission, refresh_interval, strict, str(trace_out) if trace_out else None)
+                     starvation, admission, refresh_interval, strict, str(trace_out) if trace_out else None,
+                     token_scale)
     check_outputs(json_path=json_path, trace_out=trace_out)
     checked(spec.build)  # what is left: combinations of options
     with trace_warnings_once():
@@ -170,6 +176,7 @@ def compare(
     plot: Annotated[Path | None, typer.Option(help="Write a PNG of mean and p99 latency against QPS.")] = None,
     workers: Annotated[int, typer.Option(help="Parallel processes (0: one per core).")] = 0,
     strict: StrictOpt = False,
+    token_scale: TokenScaleOpt = 1.0,
 ) -> None:
     """Run several policies at several arrival rates on the same workload and engine."""
     names = comma_names(policies)
@@ -181,7 +188,7 @@ def compare(
     if workers < 0:
         fail(f"--workers {workers}: give 0 (one per core) or a number of processes >= 1")
     base = _run_spec(names[0], rates[0], trace, profile, duration, seed, predictor, api_estimator,
-                     starvation_threshold, starvation, admission, refresh_interval, strict)
+                     starvation_threshold, starvation, admission, refresh_interval, strict, token_scale=token_scale)
     check_outputs(json_path=json_path, plot=plot)
     specs = grid(base, names, rates)
     for spec in specs:

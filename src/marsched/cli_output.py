@@ -92,6 +92,9 @@ def _tables(records: list[dict], width: int) -> list[Table]:
     """The results: one table, or two (latency; queueing and memory) when one does not fit `width`."""
     rows = [_cells(r) for r in records]
     title = "end-to-end latency (s), time to first token (s)"
+    scales = sorted({r.get("token_scale", 1.0) for r in records})
+    if scales != [1.0]:  # the trace's lengths were scaled: say so wherever the numbers go
+        title += f" · {records[0]['trace']} tokens × {', '.join(f'{f:g}' for f in scales)}"
     whole = _build_table(title, _COLUMNS, rows)
     if Measurement.get(console, console.options.update(width=10_000), whole).maximum <= width:
         return [whole]

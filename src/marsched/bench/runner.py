@@ -19,6 +19,7 @@ from marsched.sim.profile import load_profile, scale_kv_capacity
 from marsched.workload.arrivals import poisson_arrivals
 from marsched.workload.loader import load_trace
 from marsched.workload.model import Request, scale_api_time
+from marsched.workload.token_scale import check_token_scale, scale_tokens
 
 _DEFAULT = "default"
 
@@ -43,9 +44,11 @@ class RunSpec:
     admission: str = _DEFAULT  # greedy | predicted-peak, or "default": the policy's own
     kv_scale: float = 1.0  # × the profile's device KV blocks (regime maps)
     api_time_scale: float = 1.0  # × every API call's duration (regime maps)
+    token_scale: float = 1.0  # × every token count of the trace (long contexts on small profiles)
 
     def build(self):
         """Profile and policy for this spec; raises ValueError naming what is wrong."""
+        check_token_scale(self.token_scale)
         profile = scale_kv_capacity(load_profile(self.profile), self.kv_scale)
         predictor = SegmentPredictor(parse_length_predictor(self.predictor, self.seed), parse_api_estimator(self.api_estimator))
         extra = {} if self.starvation_threshold == _DEFAULT else {"starvation_threshold": self.starvation_threshold}
@@ -62,6 +65,8 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
     """Simulate one spec and return its metrics record (the keys of the JSON output)."""
     templates = templates if templates is not None else load_trace(spec.trace, strict=spec.strict)
     profile, policy = spec.build()
+    if spec.token_scale != 1:  # before anything learns from the templates: predictors see what runs
+        templates = [scale_tokens(t, spec.token_scale) for t in templates]
     prepare_length_predictor(policy.predictor.length, templates, spec.trace)
     requests = poisson_arrivals(templates, spec.qps, spec.duration_s, spec.seed)
     if spec.api_time_scale != 1:  # after sampling: the same arrivals and shapes at every scale
@@ -83,6 +88,7 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
         "seed": spec.seed,
         "kv_scale": spec.kv_scale,
         "api_time_scale": spec.api_time_scale,
+        "token_scale": spec.token_scale,
         **policy_fields(policy),
         "num_requests": len(requests),
     }

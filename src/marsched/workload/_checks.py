@@ -2,8 +2,10 @@
 
 from __future__ import annotations
 
+import gzip
 import math
 import os
+import zlib
 from pathlib import Path
 
 Source = str | os.PathLike[str]  # a trace's path, or a label for content not read from a file
@@ -22,6 +24,19 @@ def read_trace_bytes(path: str | os.PathLike[str]) -> bytes:
         return file.read_bytes()
     except OSError as error:
         raise TraceError(path, "file", None, f"cannot be read: {error.strerror or error}") from error
+
+
+GZIP_MAGIC = b"\x1f\x8b"
+
+
+def gunzipped(data: bytes | str, source: Source) -> bytes | str:
+    """The content itself, or decompressed when it is gzip (by its first two bytes)."""
+    if isinstance(data, bytes) and data.startswith(GZIP_MAGIC):
+        try:
+            return gzip.decompress(data)
+        except (OSError, EOFError, zlib.error) as error:
+            raise TraceError(source, "file", None, f"not a readable gzip file: {error}") from None
+    return data
 
 
 def decode_utf8(data: bytes | str, source: Source) -> str:

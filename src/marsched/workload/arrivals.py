@@ -4,10 +4,11 @@ from __future__ import annotations
 
 import math
 from collections.abc import Sequence
+from dataclasses import replace
 
 import numpy as np
 
-from marsched.workload.model import Request
+from marsched.workload.model import Request, Spawn
 
 
 def poisson_arrivals(templates: Sequence[Request], qps: float, duration_s: float, seed: int) -> list[Request]:
@@ -15,6 +16,11 @@ def poisson_arrivals(templates: Sequence[Request], qps: float, duration_s: float
 
     Gaps are exponential with mean 1/qps. Arrival n is template t under the id ``"{t's template id}#{n}"``
     (n counts from 0 in arrival order, so ids are unique). The same seed gives the same stream.
+
+    Templates that another one starts (`Request.spawned_by`, an agent's subagents) are not drawn
+    themselves: they come with their parent's arrival n, under ``"{their template id}#{n}"``,
+    `arrival_s` after it and tied to the parent's new id. The stream is in arrival order; a trace
+    without such templates gives the same stream as before they existed.
     """
     if not templates:
         raise ValueError("poisson_arrivals: no templates to sample from")
@@ -24,13 +30,46 @@ def poisson_arrivals(templates: Sequence[Request], qps: float, duration_s: float
     if isinstance(seed, bool) or not isinstance(seed, (int, np.integer)):
         raise ValueError(f"poisson_arrivals: seed must be an integer, got {seed!r}")
 
+    roots = [t for t in templates if t.spawned_by is None]
+    children = _children(templates)
+    if not roots:
+        raise ValueError("poisson_arrivals: every template is started by another (spawned_by); none can arrive")
     rng = np.random.default_rng(seed)
     times = _arrival_times(rng, float(qps), float(duration_s))
-    picks = rng.integers(len(templates), size=len(times))
-    return [
-        templates[pick].arriving_at(float(time), f"{templates[pick].template_id or templates[pick].request_id}#{n}")
-        for n, (time, pick) in enumerate(zip(times, picks))
-    ]
+    picks = rng.integers(len(roots), size=len(times))
+    stream: list[Request] = []
+    for n, (time, pick) in enumerate(zip(times, picks)):
+        _arrive(roots[pick], float(time), n, None, children, stream)
+    if children:
+        stream.sort(key=lambda r: r.arrival_s)  # stable: a parent and its children stay in order on a tie
+    return stream
+
+
+def _key(template: Request) -> str:
+    return template.template_id or template.request_id
+
+
+def _children(templates: Sequence[Request]) -> dict[str, list[Request]]:
+    """The templates each template starts, by the starting template's id."""
+    known = {_key(t) for t in templates}
+    children: dict[str, list[Request]] = {}
+    for template in templates:
+        if template.spawned_by is not None:
+            if template.spawned_by.parent_id not in known:
+                raise ValueError(f"poisson_arrivals: template {_key(template)!r} is started by "
+                                 f"{template.spawned_by.parent_id!r}, which is not among the templates")
+            children.setdefault(template.spawned_by.parent_id, []).append(template)
+    return children
+
+
+def _arrive(template: Request, arrival_s: float, n: int, spawn: Spawn | None,
+            children: dict[str, list[Request]], stream: list[Request]) -> None:
+    request_id = f"{_key(template)}#{n}"
+    request = template.arriving_at(arrival_s, request_id)
+    stream.append(replace(request, spawned_by=spawn) if spawn is not None else request)
+    for child in children.get(_key(template), ()):
+        tie = Spawn(request_id, child.spawned_by.segment_index)
+        _arrive(child, arrival_s + child.arrival_s, n, tie, children, stream)
 
 
 def _arrival_times(rng: np.random.Generator, qps: float, duration_s: float, chunk: int | None = None) -> np.ndarray:

@@ -4,10 +4,14 @@
 
 Request keys: ``id`` (non-empty string, unique in the file), ``prompt_tokens`` (integer >= 0),
 ``segments`` (non-empty list), and optionally ``arrival_s`` (seconds >= 0, default 0) and
-``template_id`` (string: the request this one was sampled from). Segment keys:
+``template_id`` (string: the request this one was sampled from) and ``spawned_by``
+(``{"parent": id, "segment": index}``: the request whose call starts this one, a subagent;
+see `Request.spawned_by`). Segment keys:
 ``output_tokens`` (integer >= 0) and ``api`` with ``type`` (one of the `ApiType` values:
 math, qa, ve, chatbot, tts, image, tool, other), ``duration_s`` (seconds >= 0) and
-``return_tokens`` (integer >= 0). ``api`` is required on every segment but the last and
+``return_tokens`` (integer >= 0), and optionally ``kept_tokens`` (integer >= 0, at most the
+context at the call: the prefix the next segment keeps when the call compacts the
+context, see `ApiCall`). ``api`` is required on every segment but the last and
 optional on the last (a trailing call: the request ends when it returns, see `Request`).
 The format is our own, so it is always strict: a negative count is an error, never read as
 0 as the INFERCEPT loader does by default. Contexts are not stored: segment i+1
@@ -36,11 +40,12 @@ from marsched.workload._checks import (
     require_text,
 )
 from marsched.workload.errors import TraceError, describe
-from marsched.workload.model import ApiCall, ApiType, Request, build_request
+from marsched.workload.model import ApiCall, ApiType, Request, Spawn, build_request
 
-_REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "segments", "template_id"}
+_REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "segments", "template_id", "spawned_by"}
 _SEGMENT_KEYS = {"output_tokens", "api"}
-_API_KEYS = {"type", "duration_s", "return_tokens"}
+_API_KEYS = {"type", "duration_s", "return_tokens", "kept_tokens"}
+_SPAWN_KEYS = {"parent", "segment"}
 _API_TYPES = {t.value: t for t in ApiType}
 
 
@@ -76,6 +81,8 @@ def request_to_record(request: Request) -> dict:
     record: dict = {"id": request.request_id, "arrival_s": request.arrival_s, "prompt_tokens": request.prompt_tokens}
     if request.template_id:
         record["template_id"] = request.template_id
+    if request.spawned_by is not None:
+        record["spawned_by"] = {"parent": request.spawned_by.parent_id, "segment": request.spawned_by.segment_index}
     segments = []
     for segment in request.segments:
         item: dict = {"output_tokens": segment.output_tokens}
@@ -85,6 +92,8 @@ def request_to_record(request: Request) -> dict:
                 "duration_s": segment.api.duration_s,
                 "return_tokens": segment.api.return_tokens,
             }
+            if segment.api.kept_tokens is not None:
+                item["api"]["kept_tokens"] = segment.api.kept_tokens
         segments.append(item)
     record["segments"] = segments
     return record
@@ -128,7 +137,27 @@ def _parse_line(line: str, number: int, source: Source) -> Request:
         _parse_segment(segment, index == len(segments) - 1, source, f"{where} segment {index}")
         for index, segment in enumerate(segments)
     ]
-    return replace(build_request(request_id, prompt_tokens, parts, arrival_s), template_id=template_id)
+    spawned_by = _parse_spawn(record["spawned_by"], source, where) if "spawned_by" in record else None
+    context = prompt_tokens
+    for index, (output_tokens, api) in enumerate(parts):  # what a call keeps must exist
+        if api is not None and api.kept_tokens is not None and api.kept_tokens > context + output_tokens:
+            raise TraceError(source, f"{where} segment {index}", "api.kept_tokens",
+                             f"{api.kept_tokens} is more than the {context + output_tokens} tokens of context at the call")
+        context = api.next_context(context + output_tokens) if api is not None else context
+    request = build_request(request_id, prompt_tokens, parts, arrival_s)
+    return replace(request, template_id=template_id, spawned_by=spawned_by)
+
+
+def _parse_spawn(value: object, source: Source, where: str) -> Spawn:
+    if not isinstance(value, dict):
+        raise TraceError(source, where, "spawned_by", f"must be a JSON object, got {describe(value)}")
+    _reject_unknown(value, _SPAWN_KEYS, source, where, prefix="spawned_by.")
+    parent = _required(value, "parent", source, where, "spawned_by.")
+    if not isinstance(parent, str) or not parent:
+        raise TraceError(source, where, "spawned_by.parent", f"must be a non-empty string, got {describe(parent)}")
+    segment = require_count(_required(value, "segment", source, where, "spawned_by."), source, where,
+                            "spawned_by.segment")
+    return Spawn(parent, segment)
 
 
 def _parse_segment(segment: object, last: bool, source: Source, where: str) -> tuple[int, ApiCall | None]:
@@ -147,7 +176,10 @@ def _parse_segment(segment: object, last: bool, source: Source, where: str) -> t
         raise TraceError(source, where, "api.type", f"must be one of {', '.join(_API_TYPES)}, got {describe(api_type)}")
     duration_s = require_seconds(_required(api, "duration_s", source, where, "api."), source, where, "api.duration_s")
     return_tokens = require_count(_required(api, "return_tokens", source, where, "api."), source, where, "api.return_tokens")
-    return output_tokens, ApiCall(_API_TYPES[api_type], duration_s, return_tokens)
+    kept_tokens = None
+    if "kept_tokens" in api:
+        kept_tokens = require_count(api["kept_tokens"], source, where, "api.kept_tokens")
+    return output_tokens, ApiCall(_API_TYPES[api_type], duration_s, return_tokens, kept_tokens)
 
 
 def _required(record: dict, key: str, source: Source, where: str, prefix: str = "") -> object:

@@ -13,9 +13,11 @@ from importlib.resources import files
 from importlib.resources.abc import Traversable
 from pathlib import Path
 
+from marsched.workload._checks import Source, decode_utf8, gunzipped, read_trace_bytes
+from marsched.workload.claude_code import is_claude_code, parse_claude_code
 from marsched.workload.errors import TraceError
 from marsched.workload.infercept_json import load_infercept_json, parse_infercept_json
-from marsched.workload.jsonl import load_jsonl, parse_jsonl
+from marsched.workload.jsonl import parse_jsonl
 from marsched.workload.model import Request
 
 
@@ -43,11 +45,14 @@ NAMED_TRACES: tuple[NamedTrace, ...] = (
                "INFERCEPT/MARS multi-API mixture, 397 requests, 1 to 16 calls"),
     NamedTrace("agent", ("agent_long_context",), "agent_long_context.jsonl",
                "synthetic long-context agent, 400 requests, 2 to 10 tool calls, contexts up to 12k tokens"),
+    NamedTrace("claude-code", ("claude_code_sessions",), "claude_code_sessions.jsonl.gz",
+               "360 real Claude Code conversations as 3,578 tasks, 0 to 515 tool calls, contexts up to 785k tokens "
+               "(use --token-scale)"),
 )
 TRACE_NAMES: tuple[str, ...] = tuple(trace.name for trace in NAMED_TRACES)  # the short names, for help texts
 _BY_NAME = {name: trace for trace in NAMED_TRACES for name in trace.names}
 
-_FORMATS = (".json", ".jsonl")  # by file extension, case-insensitive
+_FORMATS = (".json", ".jsonl", ".jsonl.gz")  # by file extension, case-insensitive
 
 
 def named_trace(name: str) -> NamedTrace | None:
@@ -71,21 +76,34 @@ def load_named(name: str, *, strict: bool = False) -> list[Request]:
     if trace is None:
         raise TraceError(name, "file", None, f"not a bundled trace name: {_known_names()}")
     resource = trace.resource()
-    if trace.file.endswith(".jsonl"):
-        return parse_jsonl(resource.read_bytes(), source=str(resource))  # our format is always strict
+    if trace.file.endswith((".jsonl", ".jsonl.gz")):
+        return parse_lines(resource.read_bytes(), source=str(resource))
     return parse_infercept_json(resource.read_bytes(), source=str(resource), strict=strict)
 
 
-def load_trace(path_or_name: str | os.PathLike[str], strict: bool = False) -> list[Request]:
-    """Requests from a trace file (.json: INFERCEPT/MARS, .jsonl: marsched) or a bundled trace's name.
+def parse_lines(data: bytes | str, source: Source) -> list[Request]:
+    """JSON Lines, plain or gzip: Claude Code sessions when the first record is one, else marsched JSONL.
 
-    `strict` rejects what the INFERCEPT loader otherwise reads leniently with a warning
-    (a negative API return length); marsched JSONL is always strict.
+    Both are always strict.
+    """
+    text = decode_utf8(gunzipped(data, source), source)
+    if is_claude_code(text):
+        return parse_claude_code(text, source=source)
+    return parse_jsonl(text, source=source)
+
+
+def load_trace(path_or_name: str | os.PathLike[str], strict: bool = False) -> list[Request]:
+    """Requests from a trace file or a bundled trace's name.
+
+    .json: INFERCEPT/MARS; .jsonl (or .jsonl.gz): marsched JSONL, or Claude Code sessions when
+    its first record has ``requests`` (`marsched.workload.claude_code`). `strict` rejects what
+    the INFERCEPT loader otherwise reads leniently with a warning (a negative API return
+    length); the JSON Lines formats are always strict.
     """
     if isinstance(path_or_name, str) and path_or_name in _BY_NAME:
         return load_named(path_or_name, strict=strict)
     path = Path(path_or_name)
-    suffix = path.suffix.lower()
+    suffix = "".join(path.suffixes[-2:]).lower() if path.name.lower().endswith(".jsonl.gz") else path.suffix.lower()
     if suffix not in _FORMATS:
         known = " or ".join(_FORMATS)
         raise TraceError(
@@ -97,7 +115,7 @@ def load_trace(path_or_name: str | os.PathLike[str], strict: bool = False) -> li
         )
     if suffix == ".json":
         return load_infercept_json(path, strict=strict)
-    return load_jsonl(path)
+    return parse_lines(read_trace_bytes(path), source=path)
 
 
 def _known_names() -> str:

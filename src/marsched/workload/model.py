@@ -23,11 +23,41 @@ class ApiType(str, Enum):
 
 @dataclass(frozen=True, slots=True)
 class ApiCall:
-    """One external call that ends a segment."""
+    """One external call that ends a segment.
+
+    `kept_tokens` is how much of the context at the call the next segment keeps, as its
+    leading prefix: None keeps all of it (the context only grows, the usual case). Fewer
+    tokens mean the client rewrote its context during the call (an agent compacting its
+    history): the KV of the dropped tail is useless afterwards, and the next segment's
+    context is `kept_tokens + return_tokens`, of which the `return_tokens` are new.
+    """
 
     api_type: ApiType
     duration_s: float
     return_tokens: int
+    kept_tokens: int | None = None
+
+    def next_context(self, context_at_call: int) -> int:
+        """The context of the segment after this call, from the context at the call."""
+        kept = context_at_call if self.kept_tokens is None else self.kept_tokens
+        return kept + self.return_tokens
+
+    @property
+    def compacts(self) -> bool:
+        """Whether the next segment keeps less than the whole context at the call.
+
+        `build_request` stores a call that keeps the whole context with `kept_tokens` None.
+        """
+        return self.kept_tokens is not None
+
+
+@dataclass(frozen=True, slots=True)
+class Spawn:
+    """Where a request that another one starts (an agent's subagent) comes from: its parent and the
+    parent's segment whose call starts it. It runs beside the parent, during that call."""
+
+    parent_id: str
+    segment_index: int
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +87,10 @@ class Request:
     segments: tuple[Segment, ...]
     arrival_s: float = 0.0
     template_id: str = field(default="", compare=False)
+    # A subagent's parent. Its `arrival_s` is then counted from the parent's arrival (in a
+    # trace's templates, which all arrive at 0) and is the parent's call in the recorded
+    # timeline; arrival processes move the two together (`poisson_arrivals`).
+    spawned_by: Spawn | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -84,8 +118,12 @@ class Request:
 
     @property
     def final_context_tokens(self) -> int:
-        """The longest context whose KV cache is ever computed (a trailing call's return is not)."""
-        return self.segments[-1].context_at_call
+        """The longest context whose KV cache is ever computed (a trailing call's return is not).
+
+        The last segment's context at its end, unless a call compacted the context: then the
+        longest may come earlier.
+        """
+        return max(s.context_at_call for s in self.segments)
 
     def arriving_at(self, arrival_s: float, request_id: str) -> "Request":
         """This request's shape under a new id and arrival time (trace sampling reuses templates)."""
@@ -100,7 +138,10 @@ def build_request(
 ) -> Request:
     """Build a request from its prompt and (output tokens, call) per segment; contexts accumulate.
 
-    The context of segment i+1 is the context of segment i, plus its output, plus the call's return.
+    The context of segment i+1 is the context of segment i, plus its output, plus the call's return;
+    a call that keeps fewer tokens (`ApiCall.kept_tokens`) replaces the first two by what it keeps.
+    A call that keeps the whole context at the call is stored with `kept_tokens` None, so that
+    `ApiCall.compacts` says whether a call really shrinks the context.
     The last segment may end with a call (a trailing call, see `Request`).
     """
     if not parts:
@@ -111,8 +152,15 @@ def build_request(
         last = index == len(parts) - 1
         if not last and api is None:
             raise ValueError(f"request {request_id!r}: segment {index} has no API call but is not the last")
+        at_call = context + output_tokens
+        if api is not None and api.kept_tokens is not None:
+            if not 0 <= api.kept_tokens <= at_call:
+                raise ValueError(f"request {request_id!r}: segment {index} keeps {api.kept_tokens} tokens "
+                                 f"of a {at_call}-token context")
+            if api.kept_tokens == at_call:
+                api = replace(api, kept_tokens=None)
         segments.append(Segment(context, output_tokens, api))
-        context += output_tokens + (api.return_tokens if api else 0)
+        context = api.next_context(at_call) if api else at_call
     return Request(request_id, tuple(segments), arrival_s)
 
 
