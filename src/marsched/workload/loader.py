@@ -46,8 +46,8 @@ NAMED_TRACES: tuple[NamedTrace, ...] = (
     NamedTrace("agent", ("agent_long_context",), "agent_long_context.jsonl",
                "synthetic long-context agent, 400 requests, 2 to 10 tool calls, contexts up to 12k tokens"),
     NamedTrace("claude-code", ("claude_code_sessions",), "claude_code_sessions.jsonl.gz",
-               "360 real Claude Code conversations as 3,578 tasks, 0 to 515 tool calls, contexts up to 785k tokens "
-               "(use --token-scale)"),
+               "360 real Claude Code conversations as 3,377 tasks, 1 to 268 calls each, contexts up to 895k "
+               "tokens (use --token-scale)"),
 )
 TRACE_NAMES: tuple[str, ...] = tuple(trace.name for trace in NAMED_TRACES)  # the short names, for help texts
 _BY_NAME = {name: trace for trace in NAMED_TRACES for name in trace.names}
