@@ -2,17 +2,20 @@
 
     .venv/bin/python scripts/claude_code_stats.py [--token-scale F]
 
-Everything is measured on the requests the loader builds (one per task), so the numbers are
-what the simulator runs.
+Everything but the human's gaps is measured on the requests the loader builds (one per task),
+so the numbers are what the simulator runs; the human's gaps (after an answer, before the next
+task) are in no request and are read from the file itself.
 """
 
 from __future__ import annotations
 
 import argparse
+import gzip
+import json
 
 import numpy as np
 
-from marsched.workload.loader import load_trace
+from marsched.workload.loader import load_trace, named_trace
 from marsched.workload.model import Request
 from marsched.workload.token_scale import scale_tokens
 
@@ -21,6 +24,15 @@ def _row(name: str, values: list[float], digits: int = 0) -> str:
     a = np.asarray(values, dtype=float)
     cells = [a.mean(), np.median(a), np.percentile(a, 90), np.percentile(a, 99), a.min(), a.max()]
     return f"| {name} | " + " | ".join(f"{v:,.{digits}f}" for v in cells) + " |"
+
+
+def human_gaps() -> list[float]:
+    """`think_time` of the calls that follow an answer (a stop other than tool_use), main agents only."""
+    gaps = []
+    for line in gzip.decompress(named_trace("claude-code").resource().read_bytes()).splitlines():
+        calls = [r for r in json.loads(line)["requests"] if r["type"] != "subagent"]
+        gaps += [b["think_time"] for a, b in zip(calls, calls[1:]) if a["stop"] != "tool_use" and "think_time" in b]
+    return gaps
 
 
 def main() -> None:
@@ -59,6 +71,7 @@ def main() -> None:
     print(_row("tokens a compaction drops", dropped))
     print(_row("calls per subagent task", [len(r.segments) for r in sub]))
     print(_row("subagent start after its parent's arrival (s)", [r.arrival_s for r in tied], 1))
+    print(_row("human gap between tasks (s; in no request)", human_gaps(), 1))
 
 
 if __name__ == "__main__":

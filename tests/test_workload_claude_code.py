@@ -381,6 +381,7 @@ def test_the_bundled_file_holds_what_the_docs_say(bundled):
     assert sum(len(r.segments) for r in bundled) == 24108  # every model call, subagents' included
     subagent_tasks = [r for r in bundled if ":sa" in r.request_id]
     assert len(subagent_tasks) == 38 and sum(r.spawned_by is not None for r in bundled) == 36
+    assert len({r.request_id.split(":")[0] for r in subagent_tasks}) == 10
     assert sum(r.ends_with_call for r in bundled) == 159
     assert sum(len(r.segments) == 1 for r in bundled) == 1522
     between = [s.api for r in bundled for s in r.segments[:-1]]
