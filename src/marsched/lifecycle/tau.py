@@ -20,12 +20,13 @@ def moving_average(tau: float, first: float, growth: float, iterations: int) -> 
 
 
 class IterationTime:
-    """The estimate, starting from the cost model's one-token, one-sequence iteration."""
+    """The estimate, starting from the cost model's one-token, one-sequence iteration (one context
+    token read, one attention pair)."""
 
     __slots__ = ("seconds",)
 
     def __init__(self, cost: CostModel) -> None:
-        self.seconds = cost.iteration_time(1, 1, 1)
+        self.seconds = cost.iteration_time(1, 1, 1, 1)
 
     def observe(self, first_s: float, growth_s: float = 0.0, iterations: int = 1) -> None:
         """`iterations` iterations ran, the first taking `first_s`, each next `growth_s` longer."""

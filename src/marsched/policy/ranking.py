@@ -4,7 +4,12 @@ MARS area of what is left of a request, in token·seconds, summed over the curre
 later segments; each term can be switched off for ablations (`RankingTerms`):
 
 - prefill: tokens still to be prefilled (a new prompt, a recompute, an API return),
-  held at the full context for Tfwd(prefill): Tfwd(X)·P.
+  held at the full context for Tfwd(prefill): (Tfwd(X) + e·X·(P − X))·P. Tfwd(X) is the
+  paper's, as from an empty cache; the second term is the attention the X new tokens pay
+  over the P − X tokens already cached (`CostModel.cached_attention_time`), which decides
+  what an API return on a long context costs. The context reads of those cached tokens
+  (b·(P − X) per chunk) stay out, as before the attention term, so that the paper's
+  profiles (e = 0) rank as they did.
 - decode: decoding L̂ tokens from context P at τ seconds per iteration holds
   τ·(L̂·P + L̂(L̂+1)/2).
 - call: the segment's call under its strategy, C = P + L̂ at the call:
@@ -57,7 +62,8 @@ def call_area(strategy: Strategy, context_at_call: int, api_s: float, cost: Cost
 
 
 def prefill_area(context_tokens: int, prefill_tokens: int, cost: CostModel) -> float:
-    return cost.recompute_time(prefill_tokens) * context_tokens
+    cached = context_tokens - prefill_tokens
+    return (cost.recompute_time(prefill_tokens) + cost.cached_attention_time(prefill_tokens, cached)) * context_tokens
 
 
 @dataclass(frozen=True, slots=True)

@@ -4,8 +4,10 @@ These are INFERCEPT's definitions (ICML 2024, Section 4), with C the context at 
 call, T the call's duration and K the KV tokens of the rest of the running batch:
 
 - Preserve: C·T. The context sits idle on the device for the whole call.
-- Discard: Tfwd(C)·(C + K). Recomputing C tokens takes Tfwd(C); the request's own
-  memory and the batch's are held while the batch makes room for the recompute.
+- Discard: Tfwd(C)·(C + K). Recomputing C tokens takes Tfwd(C) (`CostModel.recompute_time`:
+  budget-sized chunks from an empty cache, their attention pairs `e·C(C+1)/2` included, which
+  make a long context's recompute grow with its square); the request's own memory and the
+  batch's are held while the batch makes room for the recompute.
 - Swap: 2·Tswap(C)·C. Our engines move swaps over the host link in budgets that fit
   under an iteration's compute, so the batch does not stall (the K term of the
   INFERCEPT formula, which charges the non-overlapped transfer, is zero); what is

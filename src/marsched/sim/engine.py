@@ -24,6 +24,7 @@ from collections.abc import Callable
 from marsched.lifecycle import CallLifecycle, IterationTime, choose_victim
 from marsched.metrics.records import RequestRecord
 from marsched.metrics.trace import EventTrace
+from marsched.policy.cost_model import attention_pairs
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy, StrategyRule
 from marsched.policy.progress import RequestProgress
@@ -331,9 +332,10 @@ class Simulator:
         tokens = sum(n for _, n in computing)
         # Attention reads each sequence's cached context plus its new tokens (cost_model.py).
         context_tokens = sum(r.progress.computed_tokens + n for r, n in computing)
-        dt = self.cost.iteration_time(tokens, context_tokens, len(computing))
-        # Each decode iteration after the first reads one more token per sequence.
-        growth = self.cost.seconds_per_context_token * len(computing)
+        pairs = sum(attention_pairs(n, r.progress.computed_tokens) for r, n in computing)
+        dt = self.cost.iteration_time(tokens, context_tokens, len(computing), pairs)
+        # Each decode iteration after the first reads one more token, one more pair, per sequence.
+        growth = self.cost.decode_growth_s(len(computing))
         iterations = 1
         if settled and len(batch) == len(self.running) and all(
             r.progress.pending_tokens == 1 for r, _ in batch

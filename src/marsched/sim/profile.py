@@ -133,6 +133,7 @@ def profile_from_dict(data: dict, origin: str) -> Profile:
         # Optional, so that profiles written for the linear model `c + a·tokens` keep loading.
         seconds_per_context_token=_optional_nonnegative(data, "iteration_us_per_context_token", origin) / 1e6,
         seconds_per_sequence=_optional_nonnegative(data, "iteration_ms_per_sequence", origin) / 1000,
+        seconds_per_attention_pair=_optional_nonnegative(data, "iteration_ns_per_attention_pair", origin) / 1e9,
     )
     return Profile(
         name=str(data.get("name", origin)),

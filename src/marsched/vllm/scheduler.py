@@ -35,6 +35,7 @@ from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
 from marsched.lifecycle import CallLifecycle, IterationTime
 from marsched.policy import Admission, EngineLoad, KvOutlook, RequestProgress
+from marsched.policy.cost_model import attention_pairs
 from marsched.policy.retention import GapEstimator
 from marsched.vllm.call_steps import CallSteps
 from marsched.vllm.config import MarsConfig
@@ -311,8 +312,10 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
             return
         scheduled = output.num_scheduled_tokens
         # vLLM has advanced each request's computed tokens by what it scheduled: cached plus new.
-        context_tokens = sum(self.requests[rid].num_computed_tokens for rid in scheduled if rid in self.requests)
-        self.tau.observe(self.mars_policy.cost.iteration_time(tokens, context_tokens, len(scheduled)))
+        computed = {rid: self.requests[rid].num_computed_tokens for rid in scheduled if rid in self.requests}
+        context_tokens = sum(computed.values())
+        pairs = sum(attention_pairs(scheduled[rid], done - scheduled[rid]) for rid, done in computed.items())
+        self.tau.observe(self.mars_policy.cost.iteration_time(tokens, context_tokens, len(scheduled), pairs))
         pool = self.kv_cache_manager.block_pool
         self.lifecycle.scheduled(iterations=1, batch=len(scheduled), tokens=tokens, context_tokens=context_tokens,
                                  free_blocks=pool.get_num_free_blocks(),
