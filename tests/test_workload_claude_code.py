@@ -3,6 +3,9 @@
 import gzip
 import hashlib
 import json
+import os
+import subprocess
+import sys
 from dataclasses import replace
 from importlib.resources import files
 from pathlib import Path
@@ -398,3 +401,26 @@ def test_the_bundled_copies_are_identical_and_the_content_is_the_recorded_one():
     recorded = "52724893c05f746368b98c417ca4ea12f9cceb7d7caf2b1f485c5ad33803e1d9"
     assert hashlib.sha256(content).hexdigest() == recorded
     assert recorded in (REPO_DATA / "README.md").read_text()
+
+
+# --- the command --------------------------------------------------------------------------
+
+
+def _marsched(*args):
+    command = [sys.executable, "-m", "marsched.cli", *args]
+    return subprocess.run(command, capture_output=True, text=True, timeout=300, env={**os.environ, "COLUMNS": "200"})
+
+
+def test_simulate_takes_a_token_scale_and_states_it(tmp_path):
+    trace, out = write(tmp_path, _with_subagents()), tmp_path / "run.json"
+    run = _marsched("simulate", "--trace", str(trace), "--qps", "0.2", "--duration", "30", "--token-scale", "0.5",
+                    "--json", str(out))
+    assert run.returncode == 0, run.stderr
+    assert json.loads(out.read_text())[0]["token_scale"] == 0.5
+    assert "tokens × 0.5" in run.stdout
+
+
+@pytest.mark.parametrize("value", ["0", "-1", "nan"])
+def test_a_bad_token_scale_on_the_command_line_names_the_option(value):
+    run = _marsched("simulate", "--trace", "claude-code", "--token-scale", value)
+    assert run.returncode != 0 and "--token-scale" in run.stderr
