@@ -119,8 +119,10 @@ def test_samples_from_steps_picks_the_steps_of_each_point():
              _step(5.0, 1, 1, 0, 9, 0.1)]  # outside every window
     windows = [("prefill", 64, 1, 0.0, 0.35), ("decode", 128, 2, 1.0, 1.5)]
     prefill, decode, rest = samples_from_steps(steps, windows)
-    assert prefill == [StepSample(64, 64, 1, 0.011, 3)]
-    assert decode == [StepSample(2, 262, 2, 0.005, 3)]
+    # Attention pairs: a 64-token prefill from empty makes 64·65/2 = 2,080; a decode step one per
+    # context token read, 262.
+    assert prefill == [StepSample(64, 64, 1, 0.011, 3, attention_pairs=2080)]
+    assert decode == [StepSample(2, 262, 2, 0.005, 3, attention_pairs=262)]
     assert [s["tokens"] for s in rest] == [256]
 
 

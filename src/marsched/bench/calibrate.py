@@ -19,7 +19,10 @@ process):
 - **KV capacity**: the engine's block count (vLLM's null block excluded) and block size.
 
 Then `fit.fit_iteration_time` fits `t = c + a·new_tokens + b·context_tokens + d·sequences` to the
-prefill and decode medians (relative least squares), `fit.fit_line` the swap times per block each
+prefill and decode medians (relative least squares), with `e·attention_pairs` beside them when the
+samples determine it (a prefill of N tokens makes N(N+1)/2 pairs, a decode step one per context
+token read: two or more prefill sizes separate `e`; the profile says whether it was fitted),
+`fit.fit_line` the swap times per block each
 way, and `calibrated_profile` writes a profile JSON (`sim/profile.py` format) whose constants
 each say where they come from and how well the fit holds.
 
@@ -49,6 +52,7 @@ from marsched.bench.engine_config import (
 from marsched.bench.model import ModelInfo, read_model
 from marsched.bench.records import read_jsonl
 from marsched.bench.stream import prompt_token_ids
+from marsched.policy.cost_model import attention_pairs
 
 Echo = Callable[[str], None]
 _GB = 1e9
@@ -163,10 +167,13 @@ def samples_from_steps(steps: list[dict[str, Any]], windows: list[tuple[str, int
             # All B decoding together, nothing prefilling (the point's first and last steps are not).
             chosen = [s for s in inside if s["seqs"] == batch and s["tokens"] == batch and s["prefill_seqs"] == 0]
             if chosen:
-                decode.append(StepSample(batch, round(statistics.median(s["ctx"] for s in chosen)), batch,
-                                         statistics.median(s["step_s"] for s in chosen), len(chosen)))
+                context = round(statistics.median(s["ctx"] for s in chosen))
+                # A decode token's attention pairs are its context read (`attention_pairs(1, k) = k + 1`).
+                decode.append(StepSample(batch, context, batch, statistics.median(s["step_s"] for s in chosen),
+                                         len(chosen), attention_pairs=context))
         used.update(id(s) for s in chosen)
-    prefill_samples = [StepSample(size, size, 1, statistics.median(s["step_s"] for s in chosen), len(chosen))
+    prefill_samples = [StepSample(size, size, 1, statistics.median(s["step_s"] for s in chosen), len(chosen),
+                                  attention_pairs=attention_pairs(size, 0))
                        for size, chosen in sorted(prefill.items()) if chosen]
     rest = [s for s in steps if s["tokens"] > 0 and id(s) not in used
             and any(start <= s["t"] <= end for _, _, _, start, end in windows)]
@@ -355,7 +362,7 @@ def calibrated_profile(m: Measurements, cal: Calibration, name: str, host_swap_t
             f"(batch × context) {[(s.sequences, round(s.context_tokens / s.sequences)) for s in m.decode]}, each the "
             f"median of its steps ({sum(s.repeats for s in m.samples)} steps)")
     fit_note = (f"least squares, relative errors, constants >= 0, of t = c + a·new_tokens + b·context_tokens + "
-                f"d·sequences over {grid}; {_quality(it)}")
+                f"d·sequences{' + e·attention_pairs' if it.attention == 'fitted' else ''} over {grid}; {_quality(it)}")
     return {
         "name": name,
         "description": f"{info.name} ({info.layers} layers, {info.kv_heads} KV heads × {info.head_dim}, {info.dtype}) "
@@ -384,12 +391,15 @@ def calibrated_profile(m: Measurements, cal: Calibration, name: str, host_swap_t
         "iteration_ms_per_token": round(it.a * 1e3, 7),
         "iteration_us_per_context_token": round(it.b * 1e6, 7),
         "iteration_ms_per_sequence": round(it.d * 1e3, 7),
+        "iteration_ns_per_attention_pair": round(it.e * 1e9, 7),
         "iteration_source": f"{where}: step time from the start of schedule() to the end of update_from_output() "
                             f"(vLLM's scheduler); {fit_note}",
         "iteration_ms_fixed_source": f"{where}; {fit_note}",
         "iteration_ms_per_token_source": f"{where}; {fit_note}",
         "iteration_us_per_context_token_source": f"{where}; {fit_note}",
         "iteration_ms_per_sequence_source": f"{where}; {fit_note}",
+        "iteration_ns_per_attention_pair_source": (f"{where}; {fit_note}" if it.attention == "fitted"
+                                                   else f"e = 0, {it.attention}"),
         "link_gb_per_s": round(link, 4),
         "link_source": f"{where}: {block_bytes} bytes per block / the mean of the per-block swap-out and swap-in "
                        f"times (HostSwapConnector's copy functions on the CPU KV layout)",
@@ -418,7 +428,8 @@ def calibrated_profile(m: Measurements, cal: Calibration, name: str, host_swap_t
 def held_out_error(fit: IterationFit, steps: list[dict[str, Any]]) -> dict[str, Any]:
     """How the fit predicts the steps not used in it (the grid's prefill of decode points: several
     sequences and chunks in one step): count, median and 90th-percentile relative error."""
-    errors = sorted(abs(fit.predict(s["tokens"], s["ctx"], s["seqs"]) - s["step_s"]) / s["step_s"]
+    # Step logs written before the attention pairs were logged carry none.
+    errors = sorted(abs(fit.predict(s["tokens"], s["ctx"], s["seqs"], s.get("pairs", 0)) - s["step_s"]) / s["step_s"]
                     for s in steps if s["step_s"] > 0)
     if not errors:
         return {"steps": 0}

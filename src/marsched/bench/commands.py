@@ -206,7 +206,7 @@ def calibrate(
     dtype: Annotated[str, typer.Option(help="auto (the model's), bfloat16 or float32.")] = "auto",
     force: Annotated[bool, typer.Option("--force", help="Overwrite an existing --out.")] = False,
 ) -> None:
-    """Measure real vLLM and fit a simulator profile: t = c + a·new tokens + b·context tokens + d·sequences.
+    """Measure real vLLM and fit a simulator profile: t = c + a·new tokens + b·context tokens + d·sequences (+ e·attention pairs).
 
     Times vLLM's steps (the scheduler's step timer, as bench) for prefills of several sizes and decodes over a batch × context grid, medians of repeats; times the Swap connector's block copies each way; reads the engine's KV capacity. Writes a profile JSON for `simulate --profile` and the vLLM plugin (`--profile`), every constant with its source and fit error. A few minutes with the defaults.
     """
@@ -255,7 +255,8 @@ def calibrate(
     it = fitted.iteration
     q = it.quality
     console.print(f"fit: t = {it.c * 1e3:.3f} ms + {it.a * 1e3:.5f} ms·new tokens + {it.b * 1e6:.5f} µs·context tokens "
-                  f"+ {it.d * 1e3:.4f} ms·sequences; R² {q.r2:.4f}, relative RMS {q.relative_rms:.1%}, worst "
+                  f"+ {it.d * 1e3:.4f} ms·sequences + {it.e * 1e9:.5f} ns·attention pairs ({it.attention}); "
+                  f"R² {q.r2:.4f}, relative RMS {q.relative_rms:.1%}, worst "
                   f"{q.max_relative_error:.1%} over {q.samples} samples", highlight=False)
     held = profile["measurements"]["held_out"]
     if held.get("steps"):
@@ -274,7 +275,7 @@ def _calibration_table(m: "Measurements", cal: "Calibration") -> Table:
     it = cal.iteration
     for kind, samples in (("prefill", m.prefill), ("decode", m.decode)):
         for s in samples:
-            predicted = it.predict(s.new_tokens, s.context_tokens, s.sequences)
+            predicted = it.predict(s.new_tokens, s.context_tokens, s.sequences, s.attention_pairs)
             table.add_row(kind, str(s.new_tokens), str(s.sequences), str(s.context_tokens), str(s.repeats),
                           f"{s.seconds * 1e3:.2f}", f"{predicted * 1e3:.2f}", f"{(predicted / s.seconds - 1):+.1%}")
     return table

@@ -2,15 +2,21 @@
 
 Pure functions over plain numbers (numpy only), so that they are tested on synthetic data.
 
-Iteration time is modelled as `t = c + a·new_tokens + b·context_tokens + d·sequences`:
+Iteration time is modelled as `t = c + a·new_tokens + b·context_tokens + d·sequences + e·attention_pairs`:
 
 - `new_tokens`: tokens the step computes (prefill chunks plus one per decoding sequence);
 - `context_tokens`: KV tokens attention reads, summed over the scheduled sequences (each
   sequence's context after the step, this step's tokens included: `bench.steps`' `ctx`);
-- `sequences`: sequences scheduled (per-sequence work: sampling, metadata, output handling).
+- `sequences`: sequences scheduled (per-sequence work: sampling, metadata, output handling);
+- `attention_pairs`: (new token, context token) pairs causal attention computes
+  (`policy.cost_model.attention_pairs`; `bench.steps`' `pairs`).
 
-Every constant is a cost, so the fit is non-negative least squares. With four unknowns the
-exact solution is found by trying every subset of terms (16 ordinary least-squares solves)
+`e` is fitted only when the samples support it: when the pairs vary independently of the other
+four columns (prefill of two or more sizes, beside decode steps, makes them grow as N(N+1)/2 against N). Otherwise
+the fit is the four-term one with `e = 0`, and `IterationFit.attention` says why.
+
+Every constant is a cost, so the fit is non-negative least squares. With five unknowns the
+exact solution is found by trying every subset of terms (31 ordinary least-squares solves)
 and keeping the best one whose coefficients are all >= 0: no solver dependency, no iteration.
 """
 
@@ -23,6 +29,7 @@ from dataclasses import dataclass
 import numpy as np
 
 TERMS = ("c", "a", "b", "d")  # fixed, per new token, per context token, per sequence
+ATTENTION_TERM = "e"  # per attention pair, fitted where the samples separate it
 
 
 @dataclass(frozen=True, slots=True)
@@ -34,6 +41,7 @@ class StepSample:
     sequences: int
     seconds: float
     repeats: int = 1  # steps the median was taken over
+    attention_pairs: int = 0  # 0 everywhere: not measured, so `e` is not fitted
 
 
 @dataclass(frozen=True, slots=True)
@@ -46,16 +54,20 @@ class FitQuality:
 
 @dataclass(frozen=True, slots=True)
 class IterationFit:
-    """Seconds: `c` per step, `a` per new token, `b` per context token, `d` per sequence."""
+    """Seconds: `c` per step, `a` per new token, `b` per context token, `d` per sequence, `e` per
+    attention pair; `attention` says whether `e` was fitted and, if not, why."""
 
     c: float
     a: float
     b: float
     d: float
     quality: FitQuality
+    e: float = 0.0
+    attention: str = ""
 
-    def predict(self, new_tokens: float, context_tokens: float, sequences: float) -> float:
-        return self.c + self.a * new_tokens + self.b * context_tokens + self.d * sequences
+    def predict(self, new_tokens: float, context_tokens: float, sequences: float, attention_pairs: float = 0) -> float:
+        return (self.c + self.a * new_tokens + self.b * context_tokens + self.d * sequences
+                + self.e * attention_pairs)
 
 
 @dataclass(frozen=True, slots=True)
@@ -100,20 +112,37 @@ def _check_samples(samples: list[StepSample]) -> None:
     for index, s in enumerate(samples):
         if not (math.isfinite(s.seconds) and s.seconds > 0):
             raise ValueError(f"sample {index}: time must be a finite number > 0 s, got {s.seconds!r}")
-        if min(s.new_tokens, s.context_tokens, s.sequences) < 0:
+        if min(s.new_tokens, s.context_tokens, s.sequences, s.attention_pairs) < 0:
             raise ValueError(f"sample {index}: counts must be >= 0, got {s}")
 
 
+def attention_support(samples: list[StepSample]) -> str | None:
+    """None when the samples determine `e` beside the four other terms; else why they do not."""
+    if not any(s.attention_pairs for s in samples):
+        return "not fitted: the samples carry no attention pairs"
+    if len(samples) < len(TERMS) + 3:
+        return f"not fitted: {len(samples)} samples, and five constants need {len(TERMS) + 3}"
+    x = np.array([[1.0, s.new_tokens, s.context_tokens, s.sequences, s.attention_pairs] for s in samples])
+    if np.linalg.matrix_rank(x) < x.shape[1]:
+        return ("not fitted: the attention pairs do not vary apart from the other terms "
+                "(prefill of two or more sizes separates them)")
+    return None
+
+
 def fit_iteration_time(samples: list[StepSample], relative: bool = True) -> IterationFit:
-    """Fit `c + a·new + b·context + d·sequences` (all >= 0) to the samples.
+    """Fit `c + a·new + b·context + d·sequences (+ e·attention_pairs)` (all >= 0) to the samples.
 
     `relative`: weight each sample by 1/time, i.e. minimise relative errors, so that a 3 ms
     decode step counts as much as a 300 ms prefill (otherwise the long steps decide alone).
+    `e` joins the fit where `attention_support` finds the samples determine it.
     Raises ValueError when the samples cannot determine the four constants: fewer than 6, or
     no two different values of a term (new tokens equal to sequences everywhere, for example,
     cannot separate `a` from `d`: measure prefill steps too).
     """
     _check_samples(samples)
+    unsupported = attention_support(samples)
+    if unsupported is None:
+        return _fit_with_attention(samples, relative)
     if len(samples) < len(TERMS) + 2:
         raise ValueError(f"{len(samples)} samples cannot fit {len(TERMS)} constants with an error estimate; "
                          f"give at least {len(TERMS) + 2} (prefill sizes and decode batch × context points)")
@@ -126,7 +155,16 @@ def fit_iteration_time(samples: list[StepSample], relative: bool = True) -> Iter
     weights = 1.0 / y if relative else np.ones_like(y)
     beta = nonnegative_least_squares(x * weights[:, None], y * weights)
     c, a, b, d = (float(v) for v in beta)
-    return IterationFit(c, a, b, d, fit_quality(y, x @ beta))
+    return IterationFit(c, a, b, d, fit_quality(y, x @ beta), attention=unsupported)
+
+
+def _fit_with_attention(samples: list[StepSample], relative: bool) -> IterationFit:
+    x = np.array([[1.0, s.new_tokens, s.context_tokens, s.sequences, s.attention_pairs] for s in samples])
+    y = np.array([s.seconds for s in samples])
+    weights = 1.0 / y if relative else np.ones_like(y)
+    beta = nonnegative_least_squares(x * weights[:, None], y * weights)
+    c, a, b, d, e = (float(v) for v in beta)
+    return IterationFit(c, a, b, d, fit_quality(y, x @ beta), e=e, attention="fitted")
 
 
 def fit_line(xs: list[float], ys: list[float], through_origin: bool = False) -> LineFit:

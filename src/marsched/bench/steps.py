@@ -15,7 +15,9 @@ One JSON line per step (CPU execution is synchronous: schedule, forward, update)
   forward pass and sampling, output processing: vLLM's iteration time);
 - `tokens`: tokens scheduled (new prefill tokens plus one per decoding sequence);
 - `seqs`: sequences scheduled; `prefill_seqs`: those scheduled more than one token;
-- `ctx`: context tokens of the scheduled sequences after the step (what attention reads).
+- `ctx`: context tokens of the scheduled sequences after the step (what attention reads);
+- `pairs`: attention pairs of the step (`policy.cost_model.attention_pairs` of each sequence's
+  scheduled tokens on its cached ones), what prefill attention computes.
 
 Steps that schedule nothing are logged with `tokens: 0`. Lines are buffered and flushed at
 least every `FLUSH_S` seconds and at shutdown, so a killed engine loses at most that much.
@@ -32,6 +34,7 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
+from marsched.policy.cost_model import attention_pairs
 from marsched.vllm.scheduler import MarsScheduler
 
 ENV_VAR = "MARSCHED_STEP_LOG"
@@ -61,12 +64,13 @@ class StepTimerMixin:
         # Context before the update: `schedule()` already counted this step's tokens as computed, and
         # the update drops the requests that finish (their context would be missing from the last step).
         counts = scheduler_output.num_scheduled_tokens
-        ctx = 0
+        ctx = pairs = 0
         if self._step_file is not None:
-            for rid in counts:
+            for rid, new in counts.items():
                 request = self.requests.get(rid)
                 if request is not None:
                     ctx += request.num_computed_tokens
+                    pairs += attention_pairs(new, request.num_computed_tokens - new)
         begin = time.monotonic()
         result = super().update_from_output(scheduler_output, model_runner_output)
         if self._step_file is not None and self._step_open is not None:
@@ -77,7 +81,7 @@ class StepTimerMixin:
                 "t": round(start, 6), "sched_s": round(sched_s, 7), "update_s": round(end - begin, 7),
                 "step_s": round(end - start, 7),
                 "tokens": scheduler_output.total_num_scheduled_tokens, "seqs": len(counts),
-                "prefill_seqs": sum(1 for n in counts.values() if n > 1), "ctx": ctx,
+                "prefill_seqs": sum(1 for n in counts.values() if n > 1), "ctx": ctx, "pairs": pairs,
             }, separators=(",", ":")))
             if end - self._step_flushed_t >= FLUSH_S:
                 self._flush_steps(end)
