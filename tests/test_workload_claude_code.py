@@ -424,3 +424,19 @@ def test_simulate_takes_a_token_scale_and_states_it(tmp_path):
 def test_a_bad_token_scale_on_the_command_line_names_the_option(value):
     run = _marsched("simulate", "--trace", "claude-code", "--token-scale", value)
     assert run.returncode != 0 and "--token-scale" in run.stderr
+
+
+@pytest.mark.parametrize("spawn, field, words", [
+    (7, "spawned_by", "JSON object"),
+    ({"parent": "", "segment": 0}, "spawned_by.parent", "non-empty string"),
+    ({"parent": "p", "segment": -1}, "spawned_by.segment", "non-negative integer"),
+    ({"parent": "p"}, "spawned_by.segment", "missing"),
+    ({"parent": "p", "segment": 0, "offset": 1}, "spawned_by.offset", "unknown key"),
+])
+def test_a_bad_tie_in_marsched_jsonl_names_its_field(tmp_path, spawn, field, words):
+    line = json.dumps({"id": "r", "prompt_tokens": 10, "segments": [{"output_tokens": 1}], "spawned_by": spawn})
+    (tmp_path / "bad.jsonl").write_text(line + "\n")
+    with pytest.raises(TraceError) as caught:
+        load_jsonl(tmp_path / "bad.jsonl")
+    assert (caught.value.record, caught.value.field) == ("line 1 (request 'r')", field)
+    assert words in caught.value.problem
