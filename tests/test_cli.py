@@ -52,7 +52,7 @@ def test_simulate_writes_an_event_trace(tmp_path):
 
 @pytest.mark.parametrize("option,value,expected", [
     ("--policy", "fifo", "valid: vllm, infercept, infercept-code, sjf, preserve, discard, swap, mars"),
-    ("--profile", "h100", "valid: gptj-6b-a100, vicuna-13b-2xa100"),
+    ("--profile", "h100", "valid: gptj-6b-a100, llama3-70b-4xh100, llama3-8b-h100, vicuna-13b-2xa100"),
     ("--predictor", "magic", "valid: oracle, noisy:SIGMA"),
     ("--starvation-threshold", "-3", "positive number or 'off'"),
 ])

@@ -9,7 +9,7 @@ from marsched.sim.profile import load_profile, profile_from_dict, profile_names
 
 
 def test_bundled_profiles_are_listed():
-    assert profile_names() == ["gptj-6b-a100", "vicuna-13b-2xa100"]
+    assert profile_names() == ["gptj-6b-a100", "llama3-70b-4xh100", "llama3-8b-h100", "vicuna-13b-2xa100"]
 
 
 def test_gptj_profile_derives_its_capacity_and_link_from_the_model_shape():
@@ -79,7 +79,7 @@ def test_a_profile_that_is_not_an_object():
 
 
 def test_unknown_profile_lists_the_valid_ones():
-    with pytest.raises(ValueError, match=r"unknown profile 'h100'; valid: gptj-6b-a100, vicuna-13b-2xa100 \(or a path"):
+    with pytest.raises(ValueError, match=r"unknown profile 'h100'; valid: gptj-6b-a100, llama3-70b-4xh100, llama3-8b-h100, vicuna-13b-2xa100 \(or a path"):
         load_profile("h100")
 
 
