@@ -168,3 +168,26 @@ def test_the_h100_profiles_use_vllm_v1_api_server_defaults_and_the_derived_capac
     # Links: 64 GB/s per direction per GPU: 488,281 tokens/s of 8B KV, 4 × 64 GB/s / 327,680 B = 781,250 for 70B.
     assert small.cost.swap_tokens_per_s == pytest.approx(64e9 / 131_072)
     assert large.cost.swap_tokens_per_s == pytest.approx(256e9 / 327_680)
+
+
+# The prefill check (docs/profiles.md): a lone request of N prompt tokens on each profile, its
+# time to first token as the simulator runs it, against the closed form and the recorded figures.
+# No published vLLM figure for these models on these GPUs was found to compare with (see the page).
+_PREFILL_S = {
+    "llama3-8b-h100": {8192: 0.2010, 32768: 1.1566, 131072: 10.2686},
+    "llama3-70b-4xh100": {8192: 0.5572, 32768: 2.6685, 131072: 17.7091},
+}
+
+
+@pytest.mark.parametrize("name", list(_PREFILL_S))
+def test_simulated_prefill_of_8k_32k_128k(name):
+    from marsched.policy import make_policy
+    from simhelpers import single
+    from test_engine_semantics import _run
+
+    profile = load_profile(name)
+    for tokens, recorded in _PREFILL_S[name].items():
+        _, result, _ = _run([single("R", 0.0, tokens, 1)], make_policy("vllm", profile.cost), profile)
+        ttft = result.records[0].ttft_s
+        assert ttft == pytest.approx(profile.cost.prefill_time(tokens), rel=1e-12)
+        assert ttft == pytest.approx(recorded, abs=1e-4)
