@@ -34,7 +34,8 @@ def key_policy(name: str, declared_policy: dict[str, Any]) -> Policy | None:
 
 
 def recompute_key(policy: Policy, basis: dict[str, Any]) -> float:
-    predictions = [SegmentPrediction(int(o), float(a), int(r), bool(c)) for o, a, r, c in basis["predictions"]]
+    predictions = [SegmentPrediction(int(o), float(a), int(r), bool(c), int(kept[0]) if kept else None)
+                   for o, a, r, c, *kept in basis["predictions"]]
     progress = RequestProgress(
         _PLACEHOLDER, order_s=0.0, context_tokens=basis["context_tokens"], computed_tokens=basis["computed_tokens"],
         generated=basis["generated"], predictions=predictions,

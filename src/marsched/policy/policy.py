@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from marsched.policy.admission import Admission, KvOutlook, predicted_peak_tokens
+from marsched.policy.compaction import cached_after_call, next_context
 from marsched.policy.cost_model import CostModel
 from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress, StrategyAssignment
@@ -154,7 +155,8 @@ class Policy:
             prediction = progress.predictions[index]
             context = progress.segment.context_tokens + prediction.output_tokens
             # Ahead of time the host's room at the call is unknown: the engine falls back if it is full.
-            strategy = self._cheapest(context, prediction.api_duration_s, load, swap_allowed=True)
+            strategy = self._cheapest(context, prediction.api_duration_s, load, swap_allowed=True,
+                                      kept_tokens=prediction.kept_tokens)
             progress.assign(
                 StrategyAssignment(index, strategy, load.now_s, context, prediction.api_duration_s, "ahead")
             )
@@ -168,7 +170,7 @@ class Policy:
                                                progress.computed_tokens, progress.segment.api.duration_s, "at-call"))
         elif self.rule is StrategyRule.AT_CALL:
             api_s = progress.segment.api.duration_s  # INFERCEPT uses the true call time (oracle)
-            strategy = self._cheapest(progress.computed_tokens, api_s, load)
+            strategy = self._cheapest(progress.computed_tokens, api_s, load, kept_tokens=self._kept(progress))
             progress.assign(
                 StrategyAssignment(progress.segment_index, strategy, load.now_s, progress.computed_tokens, api_s, "at-call")
             )
@@ -179,7 +181,7 @@ class Policy:
         if self.rule is not StrategyRule.AT_CALL or progress.strategy is not Strategy.PRESERVE:
             return None
         remaining_s = self.remaining_call_s(progress, load)
-        strategy = self._cheapest(progress.computed_tokens, remaining_s, load)
+        strategy = self._cheapest(progress.computed_tokens, remaining_s, load, kept_tokens=self._kept(progress))
         if strategy is Strategy.PRESERVE:
             return None
         progress.assign(
@@ -196,7 +198,8 @@ class Policy:
             api_s = self.remaining_call_s(progress, load)
         else:
             api_s = progress.predictions[index].api_duration_s
-        strategy = self._cheapest(progress.computed_tokens, api_s, load, swap_allowed=False)
+        strategy = self._cheapest(progress.computed_tokens, api_s, load, swap_allowed=False,
+                                  kept_tokens=self._kept(progress))
         progress.assign(StrategyAssignment(index, strategy, load.now_s, progress.computed_tokens, api_s, "host-full"))
         return strategy
 
@@ -214,8 +217,14 @@ class Policy:
         """The true time left in the current call (INFERCEPT's oracle)."""
         return progress.segment.api.duration_s - (load.now_s - progress.api_started_s)
 
-    def _cheapest(self, context_tokens: int, api_s: float, load: EngineLoad, swap_allowed: bool | None = None) -> Strategy:
-        wastes = call_wastes(context_tokens, api_s, load.running_kv_tokens, self.cost)
+    @staticmethod
+    def _kept(progress: RequestProgress) -> int | None:
+        """The current call's compaction, as predicted (`SegmentPrediction.kept_tokens`)."""
+        return progress.predictions[progress.segment_index].kept_tokens
+
+    def _cheapest(self, context_tokens: int, api_s: float, load: EngineLoad, swap_allowed: bool | None = None,
+                  kept_tokens: int | None = None) -> Strategy:
+        wastes = call_wastes(context_tokens, api_s, load.running_kv_tokens, self.cost, kept_tokens)
         if swap_allowed is None:
             swap_allowed = load.host_free_tokens >= context_tokens
         return cheapest(wastes, swap_allowed=swap_allowed)
@@ -315,17 +324,21 @@ class Policy:
         for later_index in range(index + 1, len(progress.predictions)):
             previous = progress.predictions[later_index - 1]
             prediction = progress.predictions[later_index]
-            context = context_at_call + previous.api_return_tokens
+            context = next_context(context_at_call, previous.kept_tokens, previous.api_return_tokens)
+            # What the call leaves cached: all but the last token sampled before it, or the kept prefix.
+            prefill = context - cached_after_call(context_at_call - 1, previous.kept_tokens, context)
             strategy = None
             if prediction.has_call and later_index < len(progress.predictions) - 1:
-                strategy = self._later_strategy(context + prediction.output_tokens, prediction.api_duration_s, load)
-            outlook.append(SegmentOutlook(context, previous.api_return_tokens + 1, prediction.output_tokens, prediction, strategy))
+                strategy = self._later_strategy(context + prediction.output_tokens, prediction.api_duration_s, load,
+                                                prediction.kept_tokens)
+            outlook.append(SegmentOutlook(context, prefill, prediction.output_tokens, prediction, strategy))
             context_at_call = context + prediction.output_tokens
         return outlook
 
-    def _later_strategy(self, context_tokens: int, api_s: float, load: EngineLoad) -> Strategy:
+    def _later_strategy(self, context_tokens: int, api_s: float, load: EngineLoad,
+                        kept_tokens: int | None = None) -> Strategy:
         if self.rule is StrategyRule.FIXED:
             return self.fixed_strategy
         if self.rule is StrategyRule.END_AT_CALL:
             return Strategy.DISCARD
-        return self._cheapest(context_tokens, api_s, load, swap_allowed=True)
+        return self._cheapest(context_tokens, api_s, load, swap_allowed=True, kept_tokens=kept_tokens)

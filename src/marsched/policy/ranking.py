@@ -13,10 +13,14 @@ later segments; each term can be switched off for ablations (`RankingTerms`):
 - decode: decoding L̂ tokens from context P at τ seconds per iteration holds
   τ·(L̂·P + L̂(L̂+1)/2).
 - call: the segment's call under its strategy, C = P + L̂ at the call:
-  Preserve C·T̂, Discard the recompute area Tfwd(C)·C, Swap 2·Tswap(C)·C.
-- after_call: the later segments, each from its predicted context (previous context
-  at the call + predicted return), with prefill of the return, decode and call terms
-  as above and the strategy the same waste rule would pick for it.
+  Preserve C·T̂, Discard the recompute area Tfwd(C)·C, Swap 2·Tswap(C)·C. A call that
+  compacts the context to K tokens (`compaction.py`) brings back only K: Discard
+  Tfwd(K)·K, Swap Tswap(C)·C + Tswap(K)·K.
+- after_call: the later segments, each from its predicted context (the previous context
+  at the call, or the prefix a compaction keeps, + predicted return), with prefill of what
+  is not cached after the call (the return and the last token sampled before it; after a
+  compaction, the return), decode and call terms as above and the strategy the same waste
+  rule would pick for it.
 
 τ is the engine's current iteration time. A running request's remaining decode is
 max(L̂ − generated, 1): an under-predicted segment is taken as nearly done.
@@ -30,6 +34,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
+from marsched.policy.compaction import kept_context
 from marsched.policy.cost_model import CostModel
 from marsched.policy.strategy import Strategy
 from marsched.predict.segment import SegmentPrediction
@@ -53,12 +58,14 @@ def decode_area(context_tokens: int, decode_tokens: int, iteration_s: float) -> 
     return iteration_s * decode_weight(context_tokens, decode_tokens)
 
 
-def call_area(strategy: Strategy, context_at_call: int, api_s: float, cost: CostModel) -> float:
+def call_area(strategy: Strategy, context_at_call: int, api_s: float, cost: CostModel,
+              kept_tokens: int | None = None) -> float:
     if strategy is Strategy.PRESERVE:
         return context_at_call * api_s
+    kept = kept_context(context_at_call, kept_tokens)
     if strategy is Strategy.DISCARD:
-        return cost.recompute_time(context_at_call) * context_at_call
-    return 2.0 * cost.swap_time(context_at_call) * context_at_call
+        return cost.recompute_time(kept) * kept
+    return cost.swap_time(context_at_call) * context_at_call + cost.swap_time(kept) * kept
 
 
 def prefill_area(context_tokens: int, prefill_tokens: int, cost: CostModel) -> float:
@@ -111,7 +118,8 @@ def remaining_area_form(outlook: list[SegmentOutlook], cost: CostModel, terms: R
             per_iteration_s += decode_weight(segment.context_tokens, segment.decode_tokens)
         if terms.call and segment.prediction.has_call and segment.strategy is not None:
             context_at_call = segment.context_tokens + segment.decode_tokens
-            fixed += call_area(segment.strategy, context_at_call, segment.prediction.api_duration_s, cost)
+            fixed += call_area(segment.strategy, context_at_call, segment.prediction.api_duration_s, cost,
+                               segment.prediction.kept_tokens)
     return KeyForm(per_iteration_s, fixed, follows_running_kv)
 
 

@@ -49,7 +49,9 @@ def key_basis(progress: RequestProgress) -> dict[str, Any] | None:
         "computed_tokens": basis.computed_tokens,
         "generated": basis.generated,
         "strategy": basis.strategy.value if basis.strategy else None,
-        # The current segment's and the later ones': [output tokens, call s, return tokens, has call].
+        # The current segment's and the later ones': [output tokens, call s, return tokens, has call],
+        # and the tokens its call keeps where it compacts the context.
         "predictions": [[p.output_tokens, p.api_duration_s, p.api_return_tokens, p.has_call]
+                        + ([] if p.kept_tokens is None else [p.kept_tokens])
                         for p in progress.predictions[basis.segment_index:]],
     }

@@ -13,12 +13,17 @@ call, T the call's duration and K the KV tokens of the rest of the running batch
   INFERCEPT formula, which charges the non-overlapped transfer, is zero); what is
   lost is the request's own device memory, held while it is copied out and while
   it is copied back before it can run.
+
+A call that compacts the context (`kept_tokens`, see `compaction.py`) brings back only the
+kept prefix K: Discard recomputes K, `Tfwd(K)·(K + batch)`, and Swap copies C out and K back,
+`Tswap(C)·C + Tswap(K)·K`. Without compaction K = C and the formulas are the ones above.
 """
 
 from __future__ import annotations
 
 from dataclasses import dataclass
 
+from marsched.policy.compaction import kept_context
 from marsched.policy.cost_model import CostModel
 from marsched.policy.strategy import Strategy
 
@@ -27,12 +32,14 @@ def preserve_waste(context_tokens: int, api_s: float) -> float:
     return context_tokens * max(api_s, 0.0)
 
 
-def discard_waste(context_tokens: int, batch_kv_tokens: int, cost: CostModel) -> float:
-    return cost.recompute_time(context_tokens) * (context_tokens + batch_kv_tokens)
+def discard_waste(context_tokens: int, batch_kv_tokens: int, cost: CostModel, kept_tokens: int | None = None) -> float:
+    kept = kept_context(context_tokens, kept_tokens)
+    return cost.recompute_time(kept) * (kept + batch_kv_tokens)
 
 
-def swap_waste(context_tokens: int, cost: CostModel) -> float:
-    return 2.0 * cost.swap_time(context_tokens) * context_tokens
+def swap_waste(context_tokens: int, cost: CostModel, kept_tokens: int | None = None) -> float:
+    kept = kept_context(context_tokens, kept_tokens)
+    return cost.swap_time(context_tokens) * context_tokens + cost.swap_time(kept) * kept
 
 
 @dataclass(frozen=True, slots=True)
@@ -45,11 +52,12 @@ class Wastes:
         return {Strategy.PRESERVE: self.preserve, Strategy.DISCARD: self.discard, Strategy.SWAP: self.swap}[strategy]
 
 
-def call_wastes(context_tokens: int, api_s: float, batch_kv_tokens: int, cost: CostModel) -> Wastes:
+def call_wastes(context_tokens: int, api_s: float, batch_kv_tokens: int, cost: CostModel,
+                kept_tokens: int | None = None) -> Wastes:
     return Wastes(
         preserve_waste(context_tokens, api_s),
-        discard_waste(context_tokens, batch_kv_tokens, cost),
-        swap_waste(context_tokens, cost),
+        discard_waste(context_tokens, batch_kv_tokens, cost, kept_tokens),
+        swap_waste(context_tokens, cost, kept_tokens),
     )
 
 

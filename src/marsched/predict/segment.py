@@ -15,6 +15,10 @@ class SegmentPrediction:
     api_duration_s: float  # 0 for the last segment
     api_return_tokens: int
     has_call: bool
+    # The prefix of the context at the call that the next segment keeps (`ApiCall.kept_tokens`;
+    # None: all of it). Taken from the plan, as the client records its compaction: no estimator
+    # predicts compaction yet.
+    kept_tokens: int | None = None
 
 
 @dataclass(slots=True)
@@ -38,6 +42,7 @@ class SegmentPredictor:
             api.duration_s,
             api.return_tokens,
             segment.api is not None,
+            segment.api.kept_tokens if segment.api is not None else None,
         )
 
     def observe(self, call: ApiCall) -> None:

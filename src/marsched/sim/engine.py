@@ -16,6 +16,7 @@ next event run in one go (`stretch.py`); the result is the same as one at a time
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 import time
@@ -24,15 +25,18 @@ from collections.abc import Callable
 from marsched.lifecycle import CallLifecycle, IterationTime, choose_victim
 from marsched.metrics.records import RequestRecord
 from marsched.metrics.trace import EventTrace
+from marsched.policy.compaction import cached_after_call
 from marsched.policy.cost_model import attention_pairs
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy, StrategyRule
 from marsched.policy.progress import RequestProgress
 from marsched.policy.queue import WaitingQueue
 from marsched.sim.invariants import check_invariants
-from marsched.sim.isolated import isolated_latency
-from marsched.sim.request import Phase, SimRequest, SimResult
-from marsched.sim.stretch import iterations_to_reach as _iterations_to_reach, series as _series
+from marsched.sim.request import Phase, SimRequest, SimResult, finished_record
+from marsched.sim.spawns import HeldSpawns
+from marsched.sim.stretch import (
+    iterations_to_reach as _iterations_to_reach, series as _series, steps_in_blocks as _steps_in_blocks,
+)
 from marsched.sim.link import HostLink
 from marsched.sim.memory import BlockPool, blocks_for
 from marsched.sim.profile import Profile
@@ -68,8 +72,10 @@ class Simulator:
         self.link_out = HostLink(self.cost.swap_tokens_per_s)
         self.link_in = HostLink(self.cost.swap_tokens_per_s)
         self.queue = WaitingQueue(policy)
-        self.pending = sorted(requests, key=lambda r: r.arrival_s)
-        self._check_fits(self.pending)
+        self._check_fits(requests)
+        self.spawns = HeldSpawns(requests)  # subagents arrive when their parent's call starts
+        self.pending = sorted(self.spawns.roots(requests), key=lambda r: r.arrival_s)
+        self._total = len(requests)
         self.live: dict[str, SimRequest] = {}
         self.running: list[SimRequest] = []
         self._calls: list[tuple[float, int, SimRequest]] = []  # heap of (api end, seq, request)
@@ -100,7 +106,7 @@ class Simulator:
 
     def run(self) -> SimResult:
         started = time.perf_counter()
-        total = len(self.pending)
+        total = self._total
         self.lifecycle.run_started("sim", self.device.capacity, self.host.capacity, self.block_tokens)
         while len(self.records) < total:
             self._take_arrivals()
@@ -193,7 +199,10 @@ class Simulator:
             self._finish(sim_request)
             return
         self.lifecycle.begin_next_segment(sim_request)
-        progress.context_tokens += call.return_tokens
+        progress.context_tokens = call.next_context(progress.context_tokens)
+        if call.compacts:
+            self._drop_compacted(sim_request, cached_after_call(progress.computed_tokens, call.kept_tokens,
+                                                                progress.context_tokens))
         self.lifecycle.start_segment(sim_request, "paused")
         if sim_request.device_blocks:
             where = "device"
@@ -205,6 +214,18 @@ class Simulator:
         self.lifecycle.resumed(sim_request, where)
         if where != "device":
             self.queue.push(progress, self.load(), self.iteration)
+
+    def _drop_compacted(self, sim_request: SimRequest, keep_tokens: int) -> None:
+        """The client compacted the context: the KV past the kept prefix is freed, from the tail
+        (host blocks first: a swap moves a request's tail out first)."""
+        drop = sim_request.device_blocks + sim_request.host_blocks - blocks_for(keep_tokens, self.block_tokens)
+        from_host = min(max(drop, 0), sim_request.host_blocks)
+        self.host.release(from_host)
+        sim_request.host_blocks -= from_host
+        from_device = max(drop - from_host, 0)
+        self.device.release(from_device)
+        sim_request.device_blocks -= from_device
+        sim_request.progress.computed_tokens = min(sim_request.progress.computed_tokens, keep_tokens)
 
     def _reconsider_paused(self) -> None:
         self.lifecycle.reconsider_paused()
@@ -384,18 +405,8 @@ class Simulator:
         if limit <= 1:
             return 1
         # Decode growth must fit in the free blocks; the first iteration's blocks are taken already.
-        low, high = 1, limit
-        while low < high:
-            mid = (low + high + 1) // 2
-            extra = sum(
-                max(blocks_for(r.progress.computed_tokens + mid, self.block_tokens) - r.device_blocks, 0)
-                for r in running
-            )
-            if extra <= self.device.free:
-                low = mid
-            else:
-                high = mid - 1
-        return low
+        return _steps_in_blocks([(r.progress.computed_tokens, r.device_blocks) for r in running],
+                                limit, self.device.free, self.block_tokens)
 
     def _seconds_to_next_event(self) -> float | None:
         """Time from now to the next arrival, call return, transfer completion or promotion (seconds clock)."""
@@ -450,6 +461,8 @@ class Simulator:
             return
         sim_request.api_end_s = self.now + call.duration_s
         sim_request.phase = Phase.PAUSED
+        for child in self.spawns.release(sim_request.rid, progress.segment_index, self.now):
+            bisect.insort(self.pending, child, key=lambda r: r.arrival_s)  # after those due by now
         if progress.in_last_segment:
             self._start_trailing_call(sim_request)
             return
@@ -477,20 +490,7 @@ class Simulator:
         sim_request.finish_s = self.now
         del self.live[sim_request.rid]
         self.queue.finished(sim_request.rid)
-        record = RequestRecord(
-            request_id=request.request_id,
-            arrival_s=request.arrival_s,
-            first_token_s=sim_request.first_token_s,
-            finish_s=self.now,
-            api_time_s=request.api_time_s,
-            prompt_tokens=request.prompt_tokens,
-            output_tokens=request.output_tokens,
-            api_return_tokens=request.api_return_tokens,
-            preemptions=sim_request.preemptions,
-            max_wait_s=sim_request.max_wait_s,
-            isolated_e2e_s=isolated_latency(request, self.cost),
-            strategies=tuple(sim_request.strategies),
-        )
+        record = finished_record(sim_request, self.cost)
         self.records.append(record)
         self.lifecycle.finished(sim_request, record.e2e_s, record.ttft_s)
 

@@ -7,8 +7,10 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from marsched.metrics.records import RequestRecord
+from marsched.policy.cost_model import CostModel
 from marsched.policy.progress import RequestProgress
 from marsched.policy.strategy import Strategy
+from marsched.sim.isolated import isolated_latency
 from marsched.sim.link import Transfer
 
 
@@ -55,3 +57,22 @@ class SimResult:
     steps: int  # scheduling decisions made (identical iterations run together count once)
     end_s: float
     wallclock_s: float
+
+
+def finished_record(sim_request: SimRequest, cost: CostModel) -> RequestRecord:
+    """The record of a request that finished at `sim_request.finish_s`."""
+    request = sim_request.progress.request
+    return RequestRecord(
+        request_id=request.request_id,
+        arrival_s=request.arrival_s,
+        first_token_s=sim_request.first_token_s,
+        finish_s=sim_request.finish_s,
+        api_time_s=request.api_time_s,
+        prompt_tokens=request.prompt_tokens,
+        output_tokens=request.output_tokens,
+        api_return_tokens=request.api_return_tokens,
+        preemptions=sim_request.preemptions,
+        max_wait_s=sim_request.max_wait_s,
+        isolated_e2e_s=isolated_latency(request, cost),
+        strategies=tuple(sim_request.strategies),
+    )

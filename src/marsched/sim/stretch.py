@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import math
 
+from marsched.sim.memory import blocks_for
+
 
 def series(first: float, growth: float, iterations: int) -> float:
     """The time of `iterations` iterations, the first taking `first` and each next `growth` longer."""
@@ -33,3 +35,17 @@ def iterations_to_reach(seconds: float, first: float, growth: float) -> int:
     while series(first, growth, n) < target:
         n += 1
     return n
+
+
+def steps_in_blocks(sequences: list[tuple[int, int]], limit: int, free_blocks: int, block_tokens: int) -> int:
+    """The most decode steps, from 1 to `limit`, whose growth fits in `free_blocks`: each sequence
+    (computed tokens, blocks held) computes one more token per step."""
+    low, high = 1, limit
+    while low < high:
+        mid = (low + high + 1) // 2
+        extra = sum(max(blocks_for(computed + mid, block_tokens) - held, 0) for computed, held in sequences)
+        if extra <= free_blocks:
+            low = mid
+        else:
+            high = mid - 1
+    return low
