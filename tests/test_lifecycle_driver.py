@@ -1,5 +1,5 @@
 """The lifecycle driver's own rules, on a stand-in engine: the protection an admission states,
-the trailing call's start, and the victim on a tie."""
+the trailing call's start, the victim on a tie, and the revisit of paused calls (a released one, a fault)."""
 
 from __future__ import annotations
 
@@ -69,3 +69,57 @@ def test_a_trailing_call_starts_the_call_clock():
 def test_the_victim_on_a_tie_is_the_first_unprotected_request():
     running = ["a", "b", "c"]
     assert choose_victim(running, "r", lambda r: r == "a", lambda r: 1.0) == "b"
+
+
+class _Reconsidering:
+    """A policy whose revisit of a paused call asks nothing of the engine: it keeps the call
+    (None), or fails for the request named `failing`; it records whom it was asked about."""
+
+    def __init__(self, policy, failing: str) -> None:
+        self._policy, self.failing, self.asked = policy, failing, []
+
+    def __getattr__(self, name):
+        return getattr(self._policy, name)
+
+    def reconsider(self, progress, load):
+        self.asked.append(progress.request_id)
+        if progress.request_id == self.failing:
+            raise RuntimeError("bad estimate")
+        return None
+
+
+class _HoldingEngine(_Engine):
+    """Still holds every preserved request's blocks but those named in `released`."""
+
+    def __init__(self, released: set[str]) -> None:
+        super().__init__()
+        self.released = released
+
+    def holds_preserved(self, handle):
+        return handle.progress.request_id not in self.released
+
+
+def _reconsidering(on_fault):
+    policy = _Reconsidering(make_policy("infercept", COST), failing="bad")
+    queue = type("Q", (), {"threshold": lambda self, now: None})()
+    driver = CallLifecycle(policy, queue, _HoldingEngine({"gone"}), _Recorder(), handle_of=lambda rid: None,
+                           on_fault=on_fault)
+    handles = {rid: _started(policy, two_segment(rid, 0.0, 10, 3, 0.5, 2, 1)) for rid in ("gone", "bad", "ok")}
+    driver.paused_preserved.update(handles)  # in this order: the released one first
+    return driver, policy, handles
+
+
+def test_revisiting_paused_calls_drops_released_ones_and_a_fault_ends_only_its_request():
+    faults = []
+    driver, policy, handles = _reconsidering(lambda handle, error, where: faults.append((handle, str(error), where)))
+    driver.reconsider_paused()
+    assert policy.asked == ["bad", "ok"]  # past the released one, and past the fault
+    assert driver.paused_preserved == {"ok": handles["ok"]}
+    assert faults == [(handles["bad"], "bad estimate", "reconsidering a paused request")]
+
+
+def test_revisiting_paused_calls_without_a_fault_handler_raises():
+    driver, policy, _ = _reconsidering(None)
+    with pytest.raises(RuntimeError, match="bad estimate"):
+        driver.reconsider_paused()
+    assert policy.asked == ["bad"]
