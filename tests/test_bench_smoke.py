@@ -13,6 +13,7 @@ import json
 import os
 import subprocess
 import sys
+import time
 
 import pytest
 
@@ -37,14 +38,29 @@ def marsched(*args: str, timeout: float) -> subprocess.CompletedProcess:
     try:
         out, err = process.communicate(timeout=timeout)
     finally:
-        listing = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-g", str(process.pid)], capture_output=True,
-                                 text=True).stdout
+        left_behind = _alive_in_group(process.pid)
         if process.poll() is None:
             os.killpg(process.pid, 9)
     result = subprocess.CompletedProcess(process.args, process.returncode, out, err)
-    # Exited children wait as zombies for a parent that reaps them (in a container, maybe never): not alive.
-    result.left_behind = [line for line in listing.splitlines() if line.split()[1:2] != ["Z"]]
+    result.left_behind = left_behind
     return result
+
+
+def _alive_in_group(group: int, grace_s: float = 10.0) -> list[str]:
+    """The group's processes still alive `grace_s` after the command returned.
+
+    Exited children wait as zombies for a parent that reaps them (in a container, maybe never):
+    not alive. A child may still be on its way out when the command returns (state R, its
+    arguments already gone, on a loaded machine): it gets the grace period.
+    """
+    deadline = time.monotonic() + grace_s
+    while True:
+        listing = subprocess.run(["ps", "-o", "pid=,stat=,args=", "-g", str(group)], capture_output=True,
+                                 text=True).stdout
+        alive = [line for line in listing.splitlines() if line.split()[1:2] != ["Z"]]
+        if not alive or time.monotonic() > deadline:
+            return alive
+        time.sleep(0.2)
 
 
 def test_model_then_bench_end_to_end(tmp_path):
