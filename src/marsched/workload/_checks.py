@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import gzip
+import json
 import math
 import os
 import zlib
@@ -62,6 +63,24 @@ def no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
             raise DuplicateKey(key)
         result[key] = value
     return result
+
+
+def object_line(line: str, number: int, source: Source, what: str) -> tuple[dict, str]:
+    """One line of a JSONL trace: a JSON object (`what` it holds, for the error) with a non-empty
+    string `id`; returns it and its id. Errors name the line and the field."""
+    where = f"line {number}"
+    try:
+        record = json.loads(line, object_pairs_hook=no_duplicate_keys)
+    except DuplicateKey as duplicate:
+        raise TraceError(source, where, duplicate.key, "appears twice in one JSON object") from None
+    except json.JSONDecodeError as error:
+        raise TraceError(source, where, None, f"not valid JSON: {error.msg} (column {error.colno})") from None
+    if not isinstance(record, dict):
+        raise TraceError(source, where, None, f"must be a JSON object{what}, got {describe(record)}")
+    name = record.get("id")
+    if not isinstance(name, str) or not name:
+        raise TraceError(source, where, "id", f"must be a non-empty string, got {describe(name)}")
+    return record, name
 
 
 def require_count(value: object, source: Source, record: str, field: str) -> int:

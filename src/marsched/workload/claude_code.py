@@ -50,11 +50,10 @@ import os
 from dataclasses import dataclass, replace
 
 from marsched.workload._checks import (
-    DuplicateKey,
     Source,
     decode_utf8,
     gunzipped,
-    no_duplicate_keys,
+    object_line,
     read_trace_bytes,
     require_count,
     require_seconds,
@@ -133,19 +132,7 @@ class _Subagent:
 
 
 def _conversation_record(line: str, number: int, source: Source) -> dict:
-    where = f"line {number}"
-    try:
-        record = json.loads(line, object_pairs_hook=no_duplicate_keys)
-    except DuplicateKey as duplicate:
-        raise TraceError(source, where, duplicate.key, "appears twice in one JSON object") from None
-    except json.JSONDecodeError as error:
-        raise TraceError(source, where, None, f"not valid JSON: {error.msg} (column {error.colno})") from None
-    if not isinstance(record, dict):
-        raise TraceError(source, where, None, f"must be a JSON object (a conversation), got {describe(record)}")
-    name = record.get("id")
-    if not isinstance(name, str) or not name:
-        raise TraceError(source, where, "id", f"must be a non-empty string, got {describe(name)}")
-    return record
+    return object_line(line, number, source, " (a conversation)")[0]
 
 
 def _required(record: dict, key: str, source: Source, where: str) -> object:

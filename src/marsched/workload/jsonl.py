@@ -30,10 +30,9 @@ from pathlib import Path
 
 from marsched.atomic import write_atomically
 from marsched.workload._checks import (
-    DuplicateKey,
     Source,
     decode_utf8,
-    no_duplicate_keys,
+    object_line,
     read_trace_bytes,
     require_count,
     require_seconds,
@@ -113,18 +112,7 @@ def save_jsonl(requests: Iterable[Request], path: str | os.PathLike[str]) -> Pat
 
 
 def _parse_line(line: str, number: int, source: Source) -> Request:
-    where = f"line {number}"
-    try:
-        record = json.loads(line, object_pairs_hook=no_duplicate_keys)
-    except DuplicateKey as duplicate:
-        raise TraceError(source, where, duplicate.key, "appears twice in one JSON object") from None
-    except json.JSONDecodeError as error:
-        raise TraceError(source, where, None, f"not valid JSON: {error.msg} (column {error.colno})") from None
-    if not isinstance(record, dict):
-        raise TraceError(source, where, None, f"must be a JSON object, got {describe(record)}")
-    request_id = record.get("id")
-    if not isinstance(request_id, str) or not request_id:
-        raise TraceError(source, where, "id", f"must be a non-empty string, got {describe(request_id)}")
+    record, request_id = object_line(line, number, source, "")
     where = f"line {number} (request {request_id!r})"
     _reject_unknown(record, _REQUEST_KEYS, source, where)
     arrival_s = require_seconds(record.get("arrival_s", 0.0), source, where, "arrival_s")
