@@ -17,7 +17,7 @@ from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.ranking import KeyForm, RankingTerms, SegmentOutlook, remaining_area_form
 from marsched.policy.strategy import Strategy
-from marsched.policy.waste import call_wastes, cheapest
+from marsched.policy.waste import call_wastes, cheapest, discard_cheapest_below
 from marsched.predict.segment import SegmentPredictor
 
 
@@ -297,8 +297,10 @@ class Policy:
         return self.memory_time_form(progress, load).at(load.iteration_s)
 
     def memory_time_form(self, progress: RequestProgress, load: EngineLoad) -> KeyForm:
-        return remaining_area_form(self.outlook(progress, load), self.cost, self.terms,
-                                   follows_running_kv=self._later_strategies_follow_load(progress))
+        outlook, running_kv = self._outlook(progress, load)
+        return remaining_area_form(outlook, self.cost, self.terms,
+                                   follows_running_kv=self._later_strategies_follow_load(progress),
+                                   running_kv=running_kv)
 
     def _later_strategies_follow_load(self, progress: RequestProgress) -> bool:
         """Whether `outlook` picks a later call's strategy by waste (which weighs the running KV)."""
@@ -309,6 +311,13 @@ class Policy:
 
     def outlook(self, progress: RequestProgress, load: EngineLoad) -> list[SegmentOutlook]:
         """The current and later segments as the ranking key sees them (see `ranking.py`)."""
+        return self._outlook(progress, load)[0]
+
+    def _outlook(self, progress: RequestProgress, load: EngineLoad
+                 ) -> tuple[list[SegmentOutlook], tuple[float, float]]:
+        """`outlook`, and the range of running-batch KV over which its later strategies stay the same."""
+        low, high = 0, math.inf
+        by_waste = self.rule not in (StrategyRule.FIXED, StrategyRule.END_AT_CALL)
         index = progress.segment_index
         current = progress.predictions[index]
         outlook = [
@@ -329,11 +338,17 @@ class Policy:
             prefill = context - cached_after_call(context_at_call - 1, previous.kept_tokens, context)
             strategy = None
             if prediction.has_call and later_index < len(progress.predictions) - 1:
-                strategy = self._later_strategy(context + prediction.output_tokens, prediction.api_duration_s, load,
-                                                prediction.kept_tokens)
+                at_call = context + prediction.output_tokens
+                strategy = self._later_strategy(at_call, prediction.api_duration_s, load, prediction.kept_tokens)
+                if by_waste:
+                    bound = discard_cheapest_below(at_call, prediction.api_duration_s, self.cost, prediction.kept_tokens)
+                    if strategy is Strategy.DISCARD:
+                        high = min(high, bound)
+                    else:
+                        low = max(low, bound)
             outlook.append(SegmentOutlook(context, prefill, prediction.output_tokens, prediction, strategy))
             context_at_call = context + prediction.output_tokens
-        return outlook
+        return outlook, (low, high)
 
     def _later_strategy(self, context_tokens: int, api_s: float, load: EngineLoad,
                         kept_tokens: int | None = None) -> Strategy:

@@ -6,8 +6,9 @@ pushing and popping cost O(log n). A refresh does not rebuild each request's out
 a waiting request's progress does not change while it waits (engines change it before
 they push it), so its key's line in τ (`KeyForm`), computed at the push, stays valid and
 a refresh evaluates it at the new τ. Only lines that also follow the running batch's KV
-(a later call's strategy chosen by waste) are recomputed in full. The keys are the
-same as a full recomputation's, to the bit.
+(a later call's strategy chosen by waste) are recomputed in full, and only when the batch's
+KV left the range over which those strategies stay the same (`KeyForm.holds_for`). The keys
+are the same as a full recomputation's, to the bit.
 
 Starvation counters are kept lazily: a request's counter is the time it has spent in the
 queue since it arrived or was last promoted, across preemptions, in the policy's
@@ -267,7 +268,7 @@ class WaitingQueue:
         for entry in self._entries.values():
             if not entry.promoted:
                 form = entry.form
-                if form.follows_running_kv:
+                if not form.holds_for(load.running_kv_tokens):
                     form = entry.form = self.policy.queue_key_form(entry.progress, load)
                 entry.key = form.at(tau)
                 entry.load = load

@@ -32,6 +32,7 @@ rebuilding the outlook (a few µs per request, thousands of requests per step).
 
 from __future__ import annotations
 
+import math
 from dataclasses import dataclass
 
 from marsched.policy.compaction import kept_context
@@ -89,13 +90,20 @@ class KeyForm:
     """A ranking key as a line in the iteration time τ: `per_iteration_s · τ + fixed`.
 
     `follows_running_kv`: the key also depends on the running batch's KV (a later call's
-    strategy is chosen by the waste rule, which weighs the batch), so it is only valid for
-    the load it was computed with.
+    strategy is chosen by the waste rule, which weighs the batch). It is the same line for
+    every batch KV in `[running_kv_from, running_kv_below)`, where the later calls' strategies
+    are the same (`waste.discard_cheapest_below`); outside that range it must be recomputed.
     """
 
     per_iteration_s: float
     fixed: float
     follows_running_kv: bool = False
+    running_kv_from: float = 0
+    running_kv_below: float = math.inf
+
+    def holds_for(self, running_kv_tokens: int) -> bool:
+        """Whether this line is the key at a running batch of `running_kv_tokens` KV tokens."""
+        return not self.follows_running_kv or self.running_kv_from <= running_kv_tokens < self.running_kv_below
 
     def at(self, iteration_s: float) -> float:
         # The one place a key's value is computed: pushes and refreshes agree to the bit.
@@ -105,7 +113,8 @@ class KeyForm:
 
 
 def remaining_area_form(outlook: list[SegmentOutlook], cost: CostModel, terms: RankingTerms,
-                        follows_running_kv: bool = False) -> KeyForm:
+                        follows_running_kv: bool = False,
+                        running_kv: tuple[float, float] = (0, math.inf)) -> KeyForm:
     """`remaining_area` as a line in τ: the decode terms' weight, and the rest."""
     per_iteration_s = 0.0
     fixed = 0.0
@@ -120,7 +129,7 @@ def remaining_area_form(outlook: list[SegmentOutlook], cost: CostModel, terms: R
             context_at_call = segment.context_tokens + segment.decode_tokens
             fixed += call_area(segment.strategy, context_at_call, segment.prediction.api_duration_s, cost,
                                segment.prediction.kept_tokens)
-    return KeyForm(per_iteration_s, fixed, follows_running_kv)
+    return KeyForm(per_iteration_s, fixed, follows_running_kv, *running_kv)
 
 
 def remaining_area(outlook: list[SegmentOutlook], iteration_s: float, cost: CostModel, terms: RankingTerms) -> float:

@@ -21,6 +21,8 @@ kept prefix K: Discard recomputes K, `Tfwd(K)·(K + batch)`, and Swap copies C o
 
 from __future__ import annotations
 
+import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from marsched.policy.compaction import kept_context
@@ -68,3 +70,38 @@ _TIE_ORDER = (Strategy.PRESERVE, Strategy.SWAP, Strategy.DISCARD)
 def cheapest(wastes: Wastes, swap_allowed: bool = True) -> Strategy:
     candidates = [s for s in _TIE_ORDER if swap_allowed or s is not Strategy.SWAP]
     return min(candidates, key=wastes.of)
+
+
+def discard_cheapest_below(context_tokens: int, api_s: float, cost: CostModel, kept_tokens: int | None = None) -> float:
+    """The batch KV `b` below which `cheapest` of these wastes (swap allowed) is Discard: Discard
+    exactly when the batch holds fewer than `b` tokens (0: never; inf: always).
+
+    Only Discard's waste grows with the batch, and it grows monotonically even in floating point,
+    so the choice changes once; `b` is found with the very expression `discard_waste` evaluates,
+    so that it agrees with `cheapest` to the bit (a ranking key that depends on the batch is valid
+    for the range of batches that gives the same choices: `ranking.KeyForm`).
+    """
+    wastes = call_wastes(context_tokens, api_s, 0, cost, kept_tokens)
+    bound = min(wastes.preserve, wastes.swap)  # Discard is last on ties: it must be strictly below both
+
+    def discards(batch: int) -> bool:
+        return discard_waste(context_tokens, batch, cost, kept_tokens) < bound
+
+    if not discards(0):
+        return 0
+    per_token = cost.recompute_time(kept_context(context_tokens, kept_tokens))
+    estimate = bound / per_token - kept_context(context_tokens, kept_tokens) if per_token > 0 else math.inf
+    if not math.isfinite(estimate):
+        return math.inf
+    return first_false(discards, math.ceil(estimate))
+
+
+def first_false(holds: Callable[[int], bool], guess: int) -> int:
+    """The least n >= 1 where `holds` is false, for `holds` true at 0 and true then false as n
+    grows, searched from `guess` (a guess from real arithmetic, which rounding may put a step off)."""
+    n = max(guess, 1)
+    while n > 1 and not holds(n - 1):
+        n -= 1
+    while holds(n):
+        n += 1
+    return n
