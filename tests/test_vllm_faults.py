@@ -17,6 +17,7 @@ pytest.importorskip("vllm")
 
 from marsched.policy import EngineLoad  # noqa: E402
 from marsched.policy.progress import RequestProgress  # noqa: E402
+from marsched.policy.ranking import KeyForm  # noqa: E402
 from marsched.vllm.config import MarsConfig  # noqa: E402
 from marsched.vllm.metadata import ChunkMeta, PlannedSegment, workload_request  # noqa: E402
 from marsched.workload.model import ApiType  # noqa: E402
@@ -122,7 +123,7 @@ def test_a_failed_trace_write_stops_tracing_not_the_engine(llm):
     assert len(run(llm, [GOOD])[0].outputs[0].token_ids) == 8
 
 
-def test_ranked_queue_refresh_that_fails_for_one_request_rebuilds_from_the_others():
+def test_ranked_queue_refresh_that_fails_for_one_request_rebuilds_from_the_others(monkeypatch):
     from marsched.vllm.ranked_queue import RankedRequestQueue
 
     class Req:  # what the queue reads of a vLLM request
@@ -154,7 +155,10 @@ def test_ranked_queue_refresh_that_fails_for_one_request_rebuilds_from_the_other
             raise ValueError("injected")
         return real.queue_key_form(self, p, engine_load)
 
-    load["tau"] = 0.5  # the load moved: refresh recomputes every key
+    # A refresh recomputes a key that follows the running batch once the batch leaves the range
+    # where the key holds (x's later calls keep their strategy at any batch here): as if it had.
+    load["tau"] = 0.5
+    monkeypatch.setattr(KeyForm, "holds_for", lambda form, running_kv_tokens: not form.follows_running_kv)
     with faulty(policy, queue_key_form=key_form):
         assert queue.refresh(EngineLoad(0.0, 0, 0.5, 0), 5)
     assert faults == ["x"]
