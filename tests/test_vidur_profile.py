@@ -128,7 +128,11 @@ def test_derive_from_a_checkout(tmp_path):
 
 def test_main_prints_both_profiles_or_its_usage(tmp_path, capsys):
     assert vp.main([str(tmp_path / "missing")]) == 2
-    assert "usage" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "usage" in err and f"{tmp_path / 'missing'}: not a directory" in err
+    (tmp_path / "not-vidur").mkdir()
+    assert vp.main([str(tmp_path / "not-vidur")]) == 2  # a directory without Vidur's files
+    assert "mlp.csv: No such file or directory" in capsys.readouterr().err
     assert vp.main([str(_checkout(tmp_path))]) == 0
     names = [json.loads(line)["name"] for line in capsys.readouterr().out.splitlines()]
     assert names == ["llama3-8b-h100", "llama3-70b-4xh100"]

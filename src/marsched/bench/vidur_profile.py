@@ -195,10 +195,22 @@ def derive(vidur: Path) -> list[Derived]:
 
 
 def main(argv: list[str]) -> int:
-    if len(argv) != 1 or not Path(argv[0]).is_dir():
-        print("usage: python -m marsched.bench.vidur_profile VIDUR_CHECKOUT (a clone of microsoft/vidur)", file=sys.stderr)
+    usage = "usage: python -m marsched.bench.vidur_profile VIDUR_CHECKOUT (a clone of microsoft/vidur)"
+    if len(argv) != 1:
+        print(usage, file=sys.stderr)
         return 2
-    for derived in derive(Path(argv[0])):
+    if not Path(argv[0]).is_dir():
+        print(f"error: VIDUR_CHECKOUT {argv[0]}: not a directory\n{usage}", file=sys.stderr)
+        return 2
+    try:
+        profiles = derive(Path(argv[0]))
+    except OSError as error:  # a file the derivation reads is missing or unreadable: not a Vidur clone
+        print(f"error: VIDUR_CHECKOUT {argv[0]}: {error.filename}: {error.strerror}", file=sys.stderr)
+        return 2
+    except ValueError as error:  # names the file and row
+        print(f"error: {error}", file=sys.stderr)
+        return 2
+    for derived in profiles:
         print(json.dumps(derived.as_dict()))
     return 0
 
