@@ -8,11 +8,11 @@ import json
 import numpy as np
 import pytest
 
-from marsched.bench.calibrate import Measurements, calibrated_profile, fit_measurements, held_out_error
+from marsched.bench.calibrate import calibrated_profile, fit_measurements, held_out_error
 from marsched.bench.fit import StepSample, attention_support, fit_iteration_time
-from marsched.bench.model import ModelInfo
 from marsched.policy.cost_model import attention_pairs
 from marsched.sim.profile import load_profile
+from test_calibrate_fit import measurements_of
 
 # Seconds: fixed, per new token, per context token, per sequence, per attention pair.
 C, A, B, D, E = 2.6e-3, 5e-5, 1.4e-7, 1.0e-4, 2e-9
@@ -75,19 +75,8 @@ def test_too_few_samples_for_five_constants_fit_four():
     assert attention_support(samples + [grid[7]]) is None
 
 
-def _measurements(samples: list[StepSample]) -> Measurements:
-    info = ModelInfo("/models/small", 4, 2, 64, "bfloat16", 4096, 32000, "small")
-    return Measurements(
-        info, prefill=[s for s in samples if s.sequences == 1 and s.new_tokens > 1],
-        decode=[s for s in samples if s.new_tokens == s.sequences], swap_out=[(1, 3e-5), (4, 1.1e-4), (16, 4.2e-4)],
-        swap_in=[(1, 4e-5), (4, 1.5e-4), (16, 6e-4)],
-        engine={"blocks": 2047, "block_tokens": 128, "tokens": 2047 * 128, "max_model_len": 4096,
-                "max_num_batched_tokens": 2048, "max_num_seqs": 256, "kv_bytes_per_token": 2048, "kv_cache_gb": 0.5},
-        when="2026-11-30T00:00:00Z", seconds=100.0)
-
-
 def test_the_profile_carries_the_fitted_e_and_its_source(tmp_path):
-    m = _measurements(_grid())
+    m = measurements_of(_grid())
     data = calibrated_profile(m, fit_measurements(m), "calibrated-test", host_swap_tokens=1 << 20)
     assert data["iteration_ns_per_attention_pair"] == pytest.approx(E * 1e9, rel=1e-5)
     source = data["iteration_ns_per_attention_pair_source"]
@@ -98,7 +87,7 @@ def test_the_profile_carries_the_fitted_e_and_its_source(tmp_path):
 
 
 def test_the_profile_says_when_e_was_not_fitted():
-    m = _measurements(_grid(prefill_sizes=(512,)))
+    m = measurements_of(_grid(prefill_sizes=(512,)))
     data = calibrated_profile(m, fit_measurements(m), "calibrated-test", host_swap_tokens=1 << 20)
     assert data["iteration_ns_per_attention_pair"] == 0
     assert data["iteration_ns_per_attention_pair_source"].startswith("e = 0, not fitted: the attention pairs do not vary")

@@ -127,7 +127,12 @@ def test_samples_from_steps_picks_the_steps_of_each_point():
 
 
 def _measurements() -> Measurements:
-    samples = _grid(noise=0.01)
+    return measurements_of(_grid(noise=0.01))
+
+
+def measurements_of(samples: list[StepSample]) -> Measurements:
+    """A calibration of a small model from these step samples (prefill: one sequence, several new
+    tokens; decode: one new token a sequence), with fixed swap times and engine facts."""
     info = ModelInfo("/models/small", 4, 2, 64, "bfloat16", 4096, 32000, "small")
     return Measurements(
         info, prefill=[s for s in samples if s.sequences == 1 and s.new_tokens > 1],
