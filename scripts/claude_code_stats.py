@@ -10,7 +10,6 @@ task) are in no request and are read from the file itself.
 from __future__ import annotations
 
 import argparse
-import math
 import gzip
 import json
 
@@ -18,7 +17,7 @@ import numpy as np
 
 from marsched.workload.loader import load_trace, named_trace
 from marsched.workload.model import Request
-from marsched.workload.token_scale import scale_tokens
+from marsched.workload.token_scale import check_token_scale, scale_tokens
 
 
 def _row(name: str, values: list[float], digits: int = 0) -> str:
@@ -40,8 +39,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--token-scale", type=float, default=1.0)
     args = parser.parse_args()
-    if not (math.isfinite(args.token_scale) and args.token_scale > 0):
-        parser.error(f"argument --token-scale: give a finite number > 0, got {args.token_scale:g}")
+    try:
+        check_token_scale(args.token_scale)
+    except ValueError as error:
+        parser.error(f"argument --token-scale: {error}")
     requests: list[Request] = [scale_tokens(r, args.token_scale) for r in load_trace("claude-code")]
     conversations = {r.request_id.split(":")[0] for r in requests}
     sub = [r for r in requests if ":sa" in r.request_id]
