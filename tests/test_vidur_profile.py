@@ -176,7 +176,6 @@ def test_the_h100_profiles_use_vllm_v1_api_server_defaults_and_the_derived_capac
 
 # The prefill check (docs/profiles.md): a lone request of N prompt tokens on each profile, its
 # time to first token as the simulator runs it, against the closed form and the recorded figures.
-# No published vLLM figure for these models on these GPUs was found to compare with (see the page).
 _PREFILL_S = {
     "llama3-8b-h100": {8192: 0.2010, 32768: 1.1566, 131072: 10.2686},
     "llama3-70b-4xh100": {8192: 0.5572, 32768: 2.6685, 131072: 17.7091},
@@ -195,3 +194,14 @@ def test_simulated_prefill_of_8k_32k_128k(name):
         ttft = result.records[0].ttft_s
         assert ttft == pytest.approx(profile.cost.prefill_time(tokens), rel=1e-12)
         assert ttft == pytest.approx(recorded, abs=1e-4)
+
+
+# vLLM's published times to first token of a lone request, Llama-3.1-8B on one H100 (docs/profiles.md):
+# its blog's KV-offloading post, Figure 1 (K read as 1,000), and its FP8 KV-cache post, Figure 2 (bf16).
+_PUBLISHED_8B_TTFT_S = {10_000: 0.266, 30_000: 1.095, 100_000: 6.850, 32_768: 1.300, 131_072: 10.115}
+
+
+def test_the_8b_profile_prefills_within_20_percent_of_vllms_published_times():
+    cost = load_profile("llama3-8b-h100").cost
+    for tokens, published in _PUBLISHED_8B_TTFT_S.items():
+        assert cost.prefill_time(tokens) == pytest.approx(published, rel=0.20), tokens
