@@ -4,6 +4,7 @@ from marsched.metrics import TraceFile, read_trace
 from marsched.policy import Strategy, WaitingQueue, make_policy
 from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress
+from marsched.policy.waste import CallCosts
 from marsched.sim.engine import Simulator
 from marsched.workload import build_request
 from simhelpers import COST, single, small_profile, two_segment
@@ -142,8 +143,8 @@ def test_a_later_calls_strategy_in_the_key_is_chosen_at_that_calls_context():
     assert later.context_tokens == 400
     # At 600 tokens and 0.05 s preserving is the cheapest; at 200 tokens swapping would be.
     assert later.strategy is Strategy.PRESERVE
-    assert policy._later_strategy(600, 0.05, LOAD) is Strategy.PRESERVE
-    assert policy._later_strategy(200, 0.05, LOAD) is Strategy.SWAP
+    assert policy._later_strategy(CallCosts.of(600, 0.05, COST), LOAD) is Strategy.PRESERVE
+    assert policy._later_strategy(CallCosts.of(200, 0.05, COST), LOAD) is Strategy.SWAP
     # memory_time is the key's value and uses the load for that choice.
     assert policy.memory_time(progress, LOAD) == policy.queue_key(progress, LOAD)
 

@@ -17,7 +17,7 @@ from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.ranking import KeyForm, RankingTerms, SegmentOutlook, remaining_area_form
 from marsched.policy.strategy import Strategy
-from marsched.policy.waste import call_wastes, cheapest, discard_cheapest_below
+from marsched.policy.waste import CallCosts, call_wastes, cheapest
 from marsched.predict.segment import SegmentPredictor
 
 
@@ -297,10 +297,10 @@ class Policy:
         return self.memory_time_form(progress, load).at(load.iteration_s)
 
     def memory_time_form(self, progress: RequestProgress, load: EngineLoad) -> KeyForm:
-        outlook, running_kv = self._outlook(progress, load)
+        outlook, running_kv, calls = self._outlook(progress, load)
         return remaining_area_form(outlook, self.cost, self.terms,
                                    follows_running_kv=self._later_strategies_follow_load(progress),
-                                   running_kv=running_kv)
+                                   running_kv=running_kv, calls=calls)
 
     def _later_strategies_follow_load(self, progress: RequestProgress) -> bool:
         """Whether `outlook` picks a later call's strategy by waste (which weighs the running KV)."""
@@ -314,8 +314,9 @@ class Policy:
         return self._outlook(progress, load)[0]
 
     def _outlook(self, progress: RequestProgress, load: EngineLoad
-                 ) -> tuple[list[SegmentOutlook], tuple[float, float]]:
-        """`outlook`, and the range of running-batch KV over which its later strategies stay the same."""
+                 ) -> tuple[list[SegmentOutlook], tuple[float, float], list[CallCosts | None]]:
+        """`outlook`; the range of running-batch KV over which its later strategies stay the same;
+        and each later call's costs, which its key term reuses (None where not computed)."""
         low, high = 0, math.inf
         by_waste = self.rule not in (StrategyRule.FIXED, StrategyRule.END_AT_CALL)
         index = progress.segment_index
@@ -329,31 +330,35 @@ class Policy:
                 progress.strategy,
             )
         ]
+        calls: list[CallCosts | None] = [None]
         context_at_call = progress.context_tokens + outlook[0].decode_tokens
-        for later_index in range(index + 1, len(progress.predictions)):
+        last = len(progress.predictions) - 1
+        for later_index in range(index + 1, last + 1):
             previous = progress.predictions[later_index - 1]
             prediction = progress.predictions[later_index]
             context = next_context(context_at_call, previous.kept_tokens, previous.api_return_tokens)
             # What the call leaves cached: all but the last token sampled before it, or the kept prefix.
             prefill = context - cached_after_call(context_at_call - 1, previous.kept_tokens, context)
             strategy = None
-            if prediction.has_call and later_index < len(progress.predictions) - 1:
-                at_call = context + prediction.output_tokens
-                strategy = self._later_strategy(at_call, prediction.api_duration_s, load, prediction.kept_tokens)
+            call = None
+            if prediction.has_call and later_index < last:
+                call = CallCosts.of(context + prediction.output_tokens, prediction.api_duration_s, self.cost,
+                                    prediction.kept_tokens)
+                strategy = self._later_strategy(call, load)
                 if by_waste:
-                    bound = discard_cheapest_below(at_call, prediction.api_duration_s, self.cost, prediction.kept_tokens)
+                    bound = call.discard_cheapest_below()
                     if strategy is Strategy.DISCARD:
                         high = min(high, bound)
                     else:
                         low = max(low, bound)
             outlook.append(SegmentOutlook(context, prefill, prediction.output_tokens, prediction, strategy))
+            calls.append(call)
             context_at_call = context + prediction.output_tokens
-        return outlook, (low, high)
+        return outlook, (low, high), calls
 
-    def _later_strategy(self, context_tokens: int, api_s: float, load: EngineLoad,
-                        kept_tokens: int | None = None) -> Strategy:
+    def _later_strategy(self, call: CallCosts, load: EngineLoad) -> Strategy:
         if self.rule is StrategyRule.FIXED:
             return self.fixed_strategy
         if self.rule is StrategyRule.END_AT_CALL:
             return Strategy.DISCARD
-        return self._cheapest(context_tokens, api_s, load, swap_allowed=True, kept_tokens=kept_tokens)
+        return call.cheapest(load.running_kv_tokens)

@@ -35,9 +35,9 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 
-from marsched.policy.compaction import kept_context
 from marsched.policy.cost_model import CostModel
 from marsched.policy.strategy import Strategy
+from marsched.policy.waste import CallCosts
 from marsched.predict.segment import SegmentPrediction
 
 
@@ -61,12 +61,17 @@ def decode_area(context_tokens: int, decode_tokens: int, iteration_s: float) -> 
 
 def call_area(strategy: Strategy, context_at_call: int, api_s: float, cost: CostModel,
               kept_tokens: int | None = None) -> float:
+    return call_area_of(CallCosts.of(context_at_call, api_s, cost, kept_tokens), strategy)
+
+
+def call_area_of(call: CallCosts, strategy: Strategy) -> float:
+    """`call_area` from a call's costs: Preserve C·T̂, Discard Tfwd(K)·K, Swap Tswap(C)·C + Tswap(K)·K
+    (Swap's waste)."""
     if strategy is Strategy.PRESERVE:
-        return context_at_call * api_s
-    kept = kept_context(context_at_call, kept_tokens)
+        return call.context_tokens * call.api_s
     if strategy is Strategy.DISCARD:
-        return cost.recompute_time(kept) * kept
-    return cost.swap_time(context_at_call) * context_at_call + cost.swap_time(kept) * kept
+        return call.recompute_s * call.kept_tokens
+    return call.swap
 
 
 def prefill_area(context_tokens: int, prefill_tokens: int, cost: CostModel) -> float:
@@ -114,8 +119,10 @@ class KeyForm:
 
 def remaining_area_form(outlook: list[SegmentOutlook], cost: CostModel, terms: RankingTerms,
                         follows_running_kv: bool = False,
-                        running_kv: tuple[float, float] = (0, math.inf)) -> KeyForm:
-    """`remaining_area` as a line in τ: the decode terms' weight, and the rest."""
+                        running_kv: tuple[float, float] = (0, math.inf),
+                        calls: list[CallCosts | None] | None = None) -> KeyForm:
+    """`remaining_area` as a line in τ: the decode terms' weight, and the rest. `calls`: each
+    segment's call costs where its caller has them already (`Policy._outlook`)."""
     per_iteration_s = 0.0
     fixed = 0.0
     for index, segment in enumerate(outlook):
@@ -126,9 +133,11 @@ def remaining_area_form(outlook: list[SegmentOutlook], cost: CostModel, terms: R
         if terms.decode:
             per_iteration_s += decode_weight(segment.context_tokens, segment.decode_tokens)
         if terms.call and segment.prediction.has_call and segment.strategy is not None:
-            context_at_call = segment.context_tokens + segment.decode_tokens
-            fixed += call_area(segment.strategy, context_at_call, segment.prediction.api_duration_s, cost,
-                               segment.prediction.kept_tokens)
+            call = calls[index] if calls is not None else None
+            if call is None:
+                call = CallCosts.of(segment.context_tokens + segment.decode_tokens, segment.prediction.api_duration_s,
+                                    cost, segment.prediction.kept_tokens)
+            fixed += call_area_of(call, segment.strategy)
     return KeyForm(per_iteration_s, fixed, follows_running_kv, *running_kv)
 
 

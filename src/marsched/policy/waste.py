@@ -36,7 +36,12 @@ def preserve_waste(context_tokens: int, api_s: float) -> float:
 
 def discard_waste(context_tokens: int, batch_kv_tokens: int, cost: CostModel, kept_tokens: int | None = None) -> float:
     kept = kept_context(context_tokens, kept_tokens)
-    return cost.recompute_time(kept) * (kept + batch_kv_tokens)
+    return recompute_waste(cost.recompute_time(kept), kept, batch_kv_tokens)
+
+
+def recompute_waste(recompute_s: float, kept_tokens: int, batch_kv_tokens: int) -> float:
+    """Discard's waste from its Tfwd(K): the request's K tokens and the batch's, held for it."""
+    return recompute_s * (kept_tokens + batch_kv_tokens)
 
 
 def swap_waste(context_tokens: int, cost: CostModel, kept_tokens: int | None = None) -> float:
@@ -51,7 +56,9 @@ class Wastes:
     swap: float
 
     def of(self, strategy: Strategy) -> float:
-        return {Strategy.PRESERVE: self.preserve, Strategy.DISCARD: self.discard, Strategy.SWAP: self.swap}[strategy]
+        if strategy is Strategy.PRESERVE:
+            return self.preserve
+        return self.discard if strategy is Strategy.DISCARD else self.swap
 
 
 def call_wastes(context_tokens: int, api_s: float, batch_kv_tokens: int, cost: CostModel,
@@ -63,37 +70,70 @@ def call_wastes(context_tokens: int, api_s: float, batch_kv_tokens: int, cost: C
     )
 
 
-# Ties go to the strategy that moves the least data.
-_TIE_ORDER = (Strategy.PRESERVE, Strategy.SWAP, Strategy.DISCARD)
-
-
 def cheapest(wastes: Wastes, swap_allowed: bool = True) -> Strategy:
-    candidates = [s for s in _TIE_ORDER if swap_allowed or s is not Strategy.SWAP]
-    return min(candidates, key=wastes.of)
+    """The strategy of least waste. Ties go to the one that moves the least data: Preserve, then
+    Swap, then Discard."""
+    best, least = Strategy.PRESERVE, wastes.preserve
+    if swap_allowed and wastes.swap < least:
+        best, least = Strategy.SWAP, wastes.swap
+    return Strategy.DISCARD if wastes.discard < least else best
+
+
+@dataclass(frozen=True, slots=True)
+class CallCosts:
+    """One call's wastes with its Tfwd(K) evaluated once: the choice at any running batch, the
+    batch below which it is Discard, and (`ranking.call_area_of`) its term in a ranking key.
+
+    A MARS key prices every later call of a request and is rebuilt at each push to the queue;
+    each value here is built with the expression the functions above use, so it is theirs to the bit.
+    """
+
+    context_tokens: int  # C, the context at the call
+    api_s: float  # T
+    kept_tokens: int  # K: what the next segment keeps (C without compaction)
+    recompute_s: float  # Tfwd(K)
+    preserve: float
+    swap: float
+
+    @classmethod
+    def of(cls, context_tokens: int, api_s: float, cost: CostModel, kept_tokens: int | None = None) -> "CallCosts":
+        kept = kept_context(context_tokens, kept_tokens)
+        return cls(context_tokens, api_s, kept, cost.recompute_time(kept), preserve_waste(context_tokens, api_s),
+                   swap_waste(context_tokens, cost, kept_tokens))
+
+    def wastes(self, batch_kv_tokens: int) -> Wastes:
+        return Wastes(self.preserve, recompute_waste(self.recompute_s, self.kept_tokens, batch_kv_tokens), self.swap)
+
+    def cheapest(self, batch_kv_tokens: int) -> Strategy:
+        """`cheapest(call_wastes(...))` with swap allowed."""
+        return cheapest(self.wastes(batch_kv_tokens))
+
+    def discard_cheapest_below(self) -> float:
+        """The batch KV `b` below which `cheapest` is Discard: Discard exactly when the batch
+        holds fewer than `b` tokens (0: never; inf: always).
+
+        Only Discard's waste grows with the batch, and it grows monotonically even in floating
+        point, so the choice changes once; `b` is found with the very expression Discard's waste
+        evaluates, so that it agrees with `cheapest` to the bit (a ranking key that depends on the
+        batch is valid for the range of batches that gives the same choices: `ranking.KeyForm`).
+        """
+        bound = min(self.preserve, self.swap)  # Discard is last on ties: it must be strictly below both
+
+        def discards(batch: int) -> bool:
+            return recompute_waste(self.recompute_s, self.kept_tokens, batch) < bound
+
+        if not discards(0):
+            return 0
+        per_token = self.recompute_s
+        estimate = bound / per_token - self.kept_tokens if per_token > 0 else math.inf
+        if not math.isfinite(estimate):
+            return math.inf
+        return first_false(discards, math.ceil(estimate))
 
 
 def discard_cheapest_below(context_tokens: int, api_s: float, cost: CostModel, kept_tokens: int | None = None) -> float:
-    """The batch KV `b` below which `cheapest` of these wastes (swap allowed) is Discard: Discard
-    exactly when the batch holds fewer than `b` tokens (0: never; inf: always).
-
-    Only Discard's waste grows with the batch, and it grows monotonically even in floating point,
-    so the choice changes once; `b` is found with the very expression `discard_waste` evaluates,
-    so that it agrees with `cheapest` to the bit (a ranking key that depends on the batch is valid
-    for the range of batches that gives the same choices: `ranking.KeyForm`).
-    """
-    wastes = call_wastes(context_tokens, api_s, 0, cost, kept_tokens)
-    bound = min(wastes.preserve, wastes.swap)  # Discard is last on ties: it must be strictly below both
-
-    def discards(batch: int) -> bool:
-        return discard_waste(context_tokens, batch, cost, kept_tokens) < bound
-
-    if not discards(0):
-        return 0
-    per_token = cost.recompute_time(kept_context(context_tokens, kept_tokens))
-    estimate = bound / per_token - kept_context(context_tokens, kept_tokens) if per_token > 0 else math.inf
-    if not math.isfinite(estimate):
-        return math.inf
-    return first_false(discards, math.ceil(estimate))
+    """`CallCosts.discard_cheapest_below` of one call."""
+    return CallCosts.of(context_tokens, api_s, cost, kept_tokens).discard_cheapest_below()
 
 
 def first_false(holds: Callable[[int], bool], guess: int) -> int:
