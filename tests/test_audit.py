@@ -86,7 +86,7 @@ def test_clean_traces_of_every_starvation_variant_pass(variant, threshold, tmp_p
 
 
 def _subclass(policy: Policy, cls: type[Policy]) -> Policy:
-    return cls(**{f.name: getattr(policy, f.name) for f in fields(Policy)})
+    return cls(**{f.name: getattr(policy, f.name) for f in fields(Policy) if f.init})
 
 
 class ByArrival(Policy):

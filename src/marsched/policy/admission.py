@@ -21,7 +21,7 @@ class Admission(str, Enum):
     PREDICTED_PEAK = "predicted-peak"  # admit only if the predicted peak of the batch fits
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per running request at each admission
 class KvOutlook:
     """One request's device KV over its current segment, as predicted."""
 

@@ -21,6 +21,9 @@ from marsched.policy.waste import CallCosts, call_wastes, cheapest
 from marsched.predict.segment import SegmentPredictor
 
 
+_RECOMPUTE_MEMO = 65_536  # token counts `Policy.recompute_time` keeps before it starts again
+
+
 class Order(str, Enum):
     FCFS = "fcfs"  # by original arrival, kept across calls
     FCFS_REENTRY = "fcfs-reentry"  # by the last time the request entered the queue (stock vLLM)
@@ -118,6 +121,10 @@ class Policy:
     refresh_tolerance: float = 0.05  # ...when the load they follow moved by more than this fraction
     terms: RankingTerms = field(default_factory=RankingTerms)
     admission: Admission = Admission.GREEDY
+    # Tfwd by token count, for the cost it was computed with: a MARS key asks it for every later
+    # call at every push, of the same few contexts.
+    _recompute_memo: tuple[CostModel | None, dict[int, float]] = field(
+        default_factory=lambda: (None, {}), init=False, repr=False, compare=False)
 
     def __post_init__(self) -> None:
         if self.refresh_interval < 1:
@@ -144,11 +151,15 @@ class Policy:
         """Called when a segment becomes current (arrival, call return): predict, and fix the
         strategy now if this policy decides ahead."""
         request = progress.request
-        progress.predictions = [self.predictor.predict(request, i) for i in range(len(request.segments))]
+        # Earlier segments keep the predictions they had (they are done); the current and later
+        # ones are predicted anew, with what the estimators have learnt since.
+        index = progress.segment_index
+        done = progress.predictions[:index] if len(progress.predictions) == len(request.segments) else [
+            self.predictor.predict(request, i) for i in range(index)]
+        progress.predictions = done + [self.predictor.predict(request, i) for i in range(index, len(request.segments))]
         progress.strategy = None
         if progress.segment.api is None or progress.in_last_segment:
             return  # no call, or a trailing call: the request's KV is freed at it, nothing to decide
-        index = progress.segment_index
         if self.rule is StrategyRule.FIXED:
             progress.assign(StrategyAssignment(index, self.fixed_strategy, load.now_s, 0, 0.0, "fixed"))
         elif self.rule is StrategyRule.AHEAD:
@@ -300,7 +311,7 @@ class Policy:
         outlook, running_kv, calls = self._outlook(progress, load)
         return remaining_area_form(outlook, self.cost, self.terms,
                                    follows_running_kv=self._later_strategies_follow_load(progress),
-                                   running_kv=running_kv, calls=calls)
+                                   running_kv=running_kv, calls=calls, recompute_time=self.recompute_time)
 
     def _later_strategies_follow_load(self, progress: RequestProgress) -> bool:
         """Whether `outlook` picks a later call's strategy by waste (which weighs the running KV)."""
@@ -343,7 +354,7 @@ class Policy:
             call = None
             if prediction.has_call and later_index < last:
                 call = CallCosts.of(context + prediction.output_tokens, prediction.api_duration_s, self.cost,
-                                    prediction.kept_tokens)
+                                    prediction.kept_tokens, self.recompute_time)
                 strategy = self._later_strategy(call, load)
                 if by_waste:
                     bound = call.discard_cheapest_below()
@@ -355,6 +366,18 @@ class Policy:
             calls.append(call)
             context_at_call = context + prediction.output_tokens
         return outlook, (low, high), calls
+
+    def recompute_time(self, tokens: int) -> float:
+        """`cost.recompute_time(tokens)`, memoised (at most `_RECOMPUTE_MEMO` token counts)."""
+        cost, memo = self._recompute_memo
+        if cost is not self.cost:
+            cost, memo = self._recompute_memo = (self.cost, {})
+        seconds = memo.get(tokens)
+        if seconds is None:
+            if len(memo) >= _RECOMPUTE_MEMO:
+                memo.clear()
+            seconds = memo[tokens] = cost.recompute_time(tokens)
+        return seconds
 
     def _later_strategy(self, call: CallCosts, load: EngineLoad) -> Strategy:
         if self.rule is StrategyRule.FIXED:

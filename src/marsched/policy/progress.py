@@ -23,7 +23,7 @@ class StrategyAssignment:
     reason: str  # "ahead", "at-call", "reconsidered", "fixed", "host-full"
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built at every pop
 class KeyBasis:
     """What a queue key was computed from (the request's state and the engine's load then), so
     that the event trace can show it and an audit can recompute the key from the predictions."""

@@ -33,6 +33,7 @@ rebuilding the outlook (a few µs per request, thousands of requests per step).
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass
 
 from marsched.policy.cost_model import CostModel
@@ -74,12 +75,14 @@ def call_area_of(call: CallCosts, strategy: Strategy) -> float:
     return call.swap
 
 
-def prefill_area(context_tokens: int, prefill_tokens: int, cost: CostModel) -> float:
+def prefill_area(context_tokens: int, prefill_tokens: int, cost: CostModel,
+                 recompute_time: Callable[[int], float] | None = None) -> float:
     cached = context_tokens - prefill_tokens
-    return (cost.recompute_time(prefill_tokens) + cost.cached_attention_time(prefill_tokens, cached)) * context_tokens
+    recompute_s = (recompute_time or cost.recompute_time)(prefill_tokens)
+    return (recompute_s + cost.cached_attention_time(prefill_tokens, cached)) * context_tokens
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per later segment at every push
 class SegmentOutlook:
     """What is left of one segment, as the ranking sees it."""
 
@@ -90,7 +93,7 @@ class SegmentOutlook:
     strategy: Strategy | None
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built at every push
 class KeyForm:
     """A ranking key as a line in the iteration time τ: `per_iteration_s · τ + fixed`.
 
@@ -120,23 +123,25 @@ class KeyForm:
 def remaining_area_form(outlook: list[SegmentOutlook], cost: CostModel, terms: RankingTerms,
                         follows_running_kv: bool = False,
                         running_kv: tuple[float, float] = (0, math.inf),
-                        calls: list[CallCosts | None] | None = None) -> KeyForm:
+                        calls: list[CallCosts | None] | None = None,
+                        recompute_time: Callable[[int], float] | None = None) -> KeyForm:
     """`remaining_area` as a line in τ: the decode terms' weight, and the rest. `calls`: each
-    segment's call costs where its caller has them already (`Policy._outlook`)."""
+    segment's call costs where its caller has them already (`Policy._outlook`); `recompute_time`:
+    `cost.recompute_time`, or a memo of it."""
     per_iteration_s = 0.0
     fixed = 0.0
     for index, segment in enumerate(outlook):
         if index > 0 and not terms.after_call:
             break
         if terms.prefill and segment.prefill_tokens:
-            fixed += prefill_area(segment.context_tokens, segment.prefill_tokens, cost)
+            fixed += prefill_area(segment.context_tokens, segment.prefill_tokens, cost, recompute_time)
         if terms.decode:
             per_iteration_s += decode_weight(segment.context_tokens, segment.decode_tokens)
         if terms.call and segment.prediction.has_call and segment.strategy is not None:
             call = calls[index] if calls is not None else None
             if call is None:
                 call = CallCosts.of(segment.context_tokens + segment.decode_tokens, segment.prediction.api_duration_s,
-                                    cost, segment.prediction.kept_tokens)
+                                    cost, segment.prediction.kept_tokens, recompute_time)
             fixed += call_area_of(call, segment.strategy)
     return KeyForm(per_iteration_s, fixed, follows_running_kv, *running_kv)
 

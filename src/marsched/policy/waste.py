@@ -71,15 +71,19 @@ def call_wastes(context_tokens: int, api_s: float, batch_kv_tokens: int, cost: C
 
 
 def cheapest(wastes: Wastes, swap_allowed: bool = True) -> Strategy:
+    return cheapest_of(wastes.preserve, wastes.discard, wastes.swap, swap_allowed)
+
+
+def cheapest_of(preserve: float, discard: float, swap: float, swap_allowed: bool = True) -> Strategy:
     """The strategy of least waste. Ties go to the one that moves the least data: Preserve, then
     Swap, then Discard."""
-    best, least = Strategy.PRESERVE, wastes.preserve
-    if swap_allowed and wastes.swap < least:
-        best, least = Strategy.SWAP, wastes.swap
-    return Strategy.DISCARD if wastes.discard < least else best
+    best, least = Strategy.PRESERVE, preserve
+    if swap_allowed and swap < least:
+        best, least = Strategy.SWAP, swap
+    return Strategy.DISCARD if discard < least else best
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per later call at every push
 class CallCosts:
     """One call's wastes with its Tfwd(K) evaluated once: the choice at any running batch, the
     batch below which it is Discard, and (`ranking.call_area_of`) its term in a ranking key.
@@ -96,9 +100,12 @@ class CallCosts:
     swap: float
 
     @classmethod
-    def of(cls, context_tokens: int, api_s: float, cost: CostModel, kept_tokens: int | None = None) -> "CallCosts":
+    def of(cls, context_tokens: int, api_s: float, cost: CostModel, kept_tokens: int | None = None,
+           recompute_time: Callable[[int], float] | None = None) -> "CallCosts":
+        """`recompute_time`: `cost.recompute_time`, or a memo of it."""
         kept = kept_context(context_tokens, kept_tokens)
-        return cls(context_tokens, api_s, kept, cost.recompute_time(kept), preserve_waste(context_tokens, api_s),
+        recompute_s = (recompute_time or cost.recompute_time)(kept)
+        return cls(context_tokens, api_s, kept, recompute_s, preserve_waste(context_tokens, api_s),
                    swap_waste(context_tokens, cost, kept_tokens))
 
     def wastes(self, batch_kv_tokens: int) -> Wastes:
@@ -106,7 +113,7 @@ class CallCosts:
 
     def cheapest(self, batch_kv_tokens: int) -> Strategy:
         """`cheapest(call_wastes(...))` with swap allowed."""
-        return cheapest(self.wastes(batch_kv_tokens))
+        return cheapest_of(self.preserve, recompute_waste(self.recompute_s, self.kept_tokens, batch_kv_tokens), self.swap)
 
     def discard_cheapest_below(self) -> float:
         """The batch KV `b` below which `cheapest` is Discard: Discard exactly when the batch

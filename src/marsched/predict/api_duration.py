@@ -9,7 +9,7 @@ from typing import Protocol
 from marsched.workload.model import ApiType, Request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built per segment at every segment start
 class ApiEstimate:
     duration_s: float
     return_tokens: int

@@ -9,7 +9,7 @@ from marsched.predict.length import LengthPredictor, OracleLength
 from marsched.workload.model import ApiCall, Request
 
 
-@dataclass(frozen=True, slots=True)
+@dataclass(slots=True)  # not frozen: built for every later segment at every segment start
 class SegmentPrediction:
     output_tokens: int
     api_duration_s: float  # 0 for the last segment

@@ -5,9 +5,8 @@ revisit preserved calls, starving requests are promoted, the queue's keys are
 refreshed; then the batch is built under the token budget (running requests first,
 preempting the lowest-ranked unprotected one when blocks run out; then queued
 requests in the policy's order until one does not fit or the policy's admission rule
-refuses it), and it runs for
-`c + a·tokens + b·context_tokens + d·sequences` seconds (the cost model's terms: new tokens,
-KV tokens read by the batch's sequences, sequences) while the host link moves swaps beside it.
+refuses it), and it runs for `c + a·tokens + b·context_tokens + d·sequences + e·attention_pairs`
+seconds (the cost model's terms) while the host link moves swaps beside it.
 
 When the next iteration is bound to be the same as this one (every running request
 decoding, nothing admitted or preempted, no event due), the identical iterations up to the
@@ -25,6 +24,7 @@ from collections.abc import Callable
 from marsched.lifecycle import CallLifecycle, IterationTime, choose_victim
 from marsched.metrics.records import RequestRecord
 from marsched.metrics.trace import EventTrace
+from marsched.policy.admission import Admission, KvOutlook
 from marsched.policy.compaction import cached_after_call
 from marsched.policy.cost_model import attention_pairs
 from marsched.policy.load import EngineLoad
@@ -38,7 +38,7 @@ from marsched.sim.stretch import (
     iterations_to_reach as _iterations_to_reach, series as _series, steps_in_blocks as _steps_in_blocks,
 )
 from marsched.sim.link import HostLink
-from marsched.sim.memory import BlockPool, blocks_for
+from marsched.sim.memory import BlockPool, blocks_for, check_fits
 from marsched.sim.profile import Profile
 from marsched.workload.model import Request
 
@@ -72,7 +72,7 @@ class Simulator:
         self.link_out = HostLink(self.cost.swap_tokens_per_s)
         self.link_in = HostLink(self.cost.swap_tokens_per_s)
         self.queue = WaitingQueue(policy)
-        self._check_fits(requests)
+        check_fits(requests, profile)
         self.spawns = HeldSpawns(requests)  # subagents arrive when their parent's call starts
         self.pending = sorted(self.spawns.roots(requests), key=lambda r: r.arrival_s)
         self._total = len(requests)
@@ -92,15 +92,6 @@ class Simulator:
     def paused_preserved(self) -> dict[str, SimRequest]:
         """Preserved calls the policy revisits (the lifecycle's)."""
         return self.lifecycle.paused_preserved
-
-    def _check_fits(self, requests: list[Request]) -> None:
-        for request in requests:
-            needed = blocks_for(request.final_context_tokens + 1, self.block_tokens)
-            if needed > self.device.capacity:
-                raise ValueError(
-                    f"request {request.request_id!r} needs {needed} KV blocks at its longest, "
-                    f"more than the {self.device.capacity} the profile {self.profile.name!r} has"
-                )
 
     # --- the loop ---------------------------------------------------------------------
 
@@ -263,12 +254,13 @@ class Simulator:
 
     def _admit_from_queue(self, batch: dict[str, tuple[SimRequest, int]], budget: int) -> bool:
         admitted = False
+        outlooks: list[KvOutlook] = []  # the running requests', built once for this step's candidates
         while budget > 0 and self._has_sequence_room():
             progress = self.queue.pop(self.iteration, self.now)
             if progress is None:
                 break
             sim_request = self.live[progress.request_id]
-            if not self._admissible(sim_request):
+            if not self._admissible(sim_request, outlooks):
                 self.queue.push_back(progress)
                 break
             if sim_request.phase is Phase.SWAPPED:
@@ -297,13 +289,16 @@ class Simulator:
         cap = self.profile.max_sequences
         return cap is None or len(self.running) + len(self.link_in) < cap
 
-    def _admissible(self, sim_request: SimRequest) -> bool:
-        """The policy's admission rule, given the running batch and the KV held outside it."""
-        running = [r.progress for r in self.running]
-        batch_blocks = sum(r.device_blocks for r in self.running)
-        other_tokens = (self.device.used - batch_blocks) * self.block_tokens
-        return self.policy.admits(sim_request.progress, running, other_tokens,
-                                  self.device.capacity * self.block_tokens, self.block_tokens)
+    def _admissible(self, sim_request: SimRequest, outlooks: list[KvOutlook] | None = None) -> bool:
+        """The policy's admission rule, given the running batch and the KV held outside it.
+        `outlooks`: the running requests' KV outlooks as far as known (extended here)."""
+        if self.policy.admission is Admission.GREEDY or not self.running:
+            return True
+        outlooks = [] if outlooks is None else outlooks
+        outlooks.extend(self.policy.kv_outlook(r.progress) for r in self.running[len(outlooks):])
+        other_tokens = (self.device.used - sum(r.device_blocks for r in self.running)) * self.block_tokens
+        return self.policy.admits_outlooks(self.policy.kv_outlook(sim_request.progress), outlooks, other_tokens,
+                                           self.device.capacity * self.block_tokens, self.block_tokens)
 
     def _leave_queue(self, sim_request: SimRequest, prefill_tokens: int) -> None:
         self.lifecycle.admitted(sim_request, prefill_tokens)
@@ -348,15 +343,19 @@ class Simulator:
     # --- running an iteration ---------------------------------------------------------
 
     def _run_batch(self, batch: list[tuple[SimRequest, int]], settled: bool) -> None:
-        # A request that only swaps blocks in this iteration (n = 0) costs no compute.
-        computing = [(r, n) for r, n in batch if n]
-        tokens = sum(n for _, n in computing)
-        # Attention reads each sequence's cached context plus its new tokens (cost_model.py).
-        context_tokens = sum(r.progress.computed_tokens + n for r, n in computing)
-        pairs = sum(attention_pairs(n, r.progress.computed_tokens) for r, n in computing)
-        dt = self.cost.iteration_time(tokens, context_tokens, len(computing), pairs)
+        # A request that only swaps blocks in this iteration (n = 0) costs no compute. Attention
+        # reads each sequence's cached context plus its new tokens (cost_model.py).
+        computing = tokens = context_tokens = pairs = 0
+        for r, n in batch:
+            if n:
+                cached = r.progress.computed_tokens
+                computing += 1
+                tokens += n
+                context_tokens += cached + n
+                pairs += attention_pairs(n, cached)
+        dt = self.cost.iteration_time(tokens, context_tokens, computing, pairs)
         # Each decode iteration after the first reads one more token, one more pair, per sequence.
-        growth = self.cost.decode_growth_s(len(computing))
+        growth = self.cost.decode_growth_s(computing)
         iterations = 1
         if settled and len(batch) == len(self.running) and all(
             r.progress.pending_tokens == 1 for r, _ in batch
@@ -365,7 +364,7 @@ class Simulator:
         span = _series(dt, growth, iterations)
         self.steps += 1
         end = self.now + span
-        self.lifecycle.scheduled(iterations=iterations, batch=len(computing), tokens=tokens,
+        self.lifecycle.scheduled(iterations=iterations, batch=computing, tokens=tokens,
                                  context_tokens=context_tokens, free_blocks=self.device.free,
                                  host_free_blocks=self.host.free, dt_s=dt, span_s=span)
         finished_segment: list[SimRequest] = []

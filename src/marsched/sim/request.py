@@ -44,10 +44,10 @@ class SimRequest:
     preemptions: int = 0
     strategies: list[str] = field(default_factory=list)  # the strategy each call ran under
     override: Strategy | None = None  # a strategy the request chose itself (never, in a simulation)
+    rid: str = field(init=False)  # the request's id, read many times a step
 
-    @property
-    def rid(self) -> str:
-        return self.progress.request_id
+    def __post_init__(self) -> None:
+        self.rid = self.progress.request_id
 
 
 @dataclass(frozen=True, slots=True)
