@@ -238,6 +238,15 @@ def test_chunk_metadata_carries_a_front_end_prediction():
             parse({"predicted": bad})
 
 
+def test_a_conversation_id_that_its_release_path_could_not_carry_is_refused():
+    from marsched.vllm.metadata import MetadataError, parse
+
+    assert parse({"plan": [[8, None, 0, 0]], "conversation": "team:7.a-b"}).conversation == "team:7.a-b"
+    for bad in ("a/b", "/", "", "x" * 257, 7):
+        with pytest.raises(MetadataError, match=r"marsched\.conversation"):
+            parse({"plan": [[8, None, 0, 0]], "conversation": bad})
+
+
 def test_the_scheduler_reads_learned_lengths_from_the_plan():
     from marsched.predict.learned import FrontEndLength
     from marsched.vllm.config import MarsConfig

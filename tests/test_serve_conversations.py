@@ -171,6 +171,7 @@ def test_a_follow_up_that_never_comes_is_freed_at_the_time_limit(server, client)
 def test_bad_conversation_fields_are_named_in_the_400(server, client):
     for fields, named in (({"conversation": ""}, "marsched.conversation"),
                           ({"conversation": "x" * 257}, "marsched.conversation"),
+                          ({"conversation": "team/7"}, "marsched.conversation"),  # its DELETE path could not hold it
                           ({"conversation": "c", "tool_s": -1}, "marsched.tool_s"),
                           ({"conversation": "c", "retain": "no"}, "marsched.retain")):
         with pytest.raises(openai.BadRequestError) as raised:

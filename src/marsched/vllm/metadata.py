@@ -179,10 +179,11 @@ def parse(value: Any) -> ChunkMeta | None:
     if predicted is not None:
         predicted = _integer(predicted, f"{KEY}.predicted", 1, MAX_TOKENS)
     conversation = value.get("conversation")
-    if conversation is not None and (not isinstance(conversation, str)
+    if conversation is not None and (not isinstance(conversation, str) or "/" in conversation
                                      or not 1 <= len(conversation) <= MAX_CONVERSATION_CHARS):
-        raise MetadataError(f"{KEY}.conversation", f"must be a string of 1 to {MAX_CONVERSATION_CHARS} characters, "
-                                                   f"got {_show(conversation)}")
+        # No '/': the id is the last segment of its release path, DELETE /marsched/conversations/ID.
+        raise MetadataError(f"{KEY}.conversation", f"must be a string of 1 to {MAX_CONVERSATION_CHARS} characters "
+                                                   f"without '/', got {_show(conversation)}")
     tool_s = value.get("tool_s")
     if tool_s is not None:
         tool_s = _number(tool_s, f"{KEY}.tool_s", 0.0, MAX_API_S)
