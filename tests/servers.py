@@ -179,6 +179,10 @@ def number(args):
     _note("number", args)
     return 42
 
+def garbage(args):
+    _note("garbage", args)
+    return "a\\x00b\\ud800c"  # a NUL and a lone surrogate: no tokenizer or JSON parser takes them
+
 async def nap(args):
     _note("nap", args)
     try:
@@ -209,7 +213,7 @@ def write_tools(folder: Path) -> Path:
 
     config = {"tools": [{"name": "calculator", "builtin": "calculator", "parameters": EXPRESSION},
                         fn("weather", expected_s=0.5), fn("boom"), fn("slow", timeout_s=0.5), fn("number"),
-                        fn("nap", timeout_s=120)],
+                        fn("garbage"), fn("nap", timeout_s=120)],
               "max_rounds": 3}
     path = folder / "tools.json"
     path.write_text(json.dumps(config))

@@ -136,6 +136,7 @@ def test_the_builtin_calculator(setup):
     ("boom", "error: tool 'boom' raised RuntimeError: kaboom"),
     ("slow", "error: tool 'slow' timed out after 0.5 s"),
     ("number", "error: tool 'number' returned int, not a string"),
+    ("garbage", "a\ufffdb\ufffdc"),  # what no tokenizer takes is replaced, not a 400 for the client
 ])
 def test_a_failing_tool_is_an_error_the_model_reads(setup, tool, seen):
     server, client, record = setup
@@ -354,6 +355,13 @@ def test_stream_and_n_are_refused_before_vllm(builtin_only):
         status, answer = drive(middleware, json.dumps(body).encode())
         assert status == 400 and json.loads(answer)["error"]["param"] == field
     assert recorder.bodies == []
+
+
+def test_a_results_nul_and_lone_surrogates_are_replaced_and_the_rest_kept():
+    from marsched.serve.server_tools import readable
+
+    assert readable("a\x00b\ud800c\udfff\U0001F600 é") == "a\ufffdb\ufffdc\ufffd\U0001F600 é"
+    assert readable("plain") == "plain"
 
 
 def test_the_duration_estimate_starts_from_the_prior_then_is_the_mean():

@@ -8,7 +8,8 @@ and parameters replace the entry) is run as a loop of internal requests to vLLM'
 
 - a response whose message calls only server-side tools the request offers: the tools
   run (concurrently, each under its timeout; a failure, a timeout or a non-str result
-  is the tool message `"error: ..."`, so the model sees it and the request goes on),
+  is the tool message `"error: ..."`, so the model sees it and the request goes on; a NUL
+  or a lone surrogate in a result becomes U+FFFD),
   the assistant message and the tool messages are appended, and vLLM is asked again;
 - anything else (no tool calls, a client-side tool among them, `max_rounds` reached, an
   error from vLLM) goes back to the client: one completion, `usage` summed over rounds.
@@ -34,6 +35,7 @@ import asyncio
 import json
 import logging
 import os
+import re
 import time
 import uuid
 from dataclasses import dataclass, field
@@ -264,10 +266,20 @@ class ServerToolsMiddleware:
             return f"error: {result}"
         if not isinstance(result, str):
             return f"error: tool {name!r} returned {type(result).__name__}, not a string"
-        return result
+        return readable(result)
 
 
 # --- helpers ---------------------------------------------------------------------------------
+
+# NUL and lone surrogates: vLLM's request validation refuses them, which would answer the client
+# with a 400 for what a tool returned.
+_UNREADABLE = re.compile("[\x00\ud800-\udfff]")
+
+
+def readable(text: str) -> str:
+    """A tool's result as the model can be given it: each NUL or lone surrogate becomes U+FFFD."""
+    return _UNREADABLE.sub("\ufffd", text)
+
 
 
 def _function_name(entry: Any) -> str | None:
