@@ -86,3 +86,36 @@ def test_serve_option_errors_name_their_flag(monkeypatch):
                            (("--retention-limit-s", "0"), "retention limit must be > 0 s")):
         run = CliRunner().invoke(app, ["serve", "MODEL", *args])
         assert run.exit_code == 2 and expected in " ".join(run.stderr.split()), (args, run.output)
+
+
+# A stand-in for vLLM's API server: healthy on --port, then it exits 0 on its own, as vLLM's
+# server does when its engine core dies.
+_DYING_SERVER = """
+import http.server, sys, threading, time
+port = int(sys.argv[sys.argv.index("--port") + 1])
+
+class Health(http.server.BaseHTTPRequestHandler):
+    def do_GET(self):
+        self.send_response(200); self.end_headers()
+    def log_message(self, *args):
+        pass
+
+server = http.server.HTTPServer(("127.0.0.1", port), Health)
+threading.Thread(target=server.serve_forever, daemon=True).start()
+time.sleep(1.5)
+sys.exit(0)
+"""
+
+
+def test_serve_exits_non_zero_when_vllm_exits_on_its_own(tmp_path):
+    from marsched.serve.launch import serve
+
+    python = tmp_path / "python"  # serve runs `python -m vllm.entrypoints...`: this ignores the -m
+    python.write_text(f"#!{sys.executable}\n" + _DYING_SERVER)
+    python.chmod(0o755)
+    said: list[str] = []
+    status = serve(ServeOptions(model="m", port=0, state_endpoint=False, swap=False), echo=said.append,
+                   python=str(python), grace_s=5)
+    assert status == 1
+    assert any("listening on" in line for line in said)  # it was ready first
+    assert "exited on its own with status 0" in said[-1]

@@ -274,7 +274,8 @@ def describe(options: ServeOptions, env: dict[str, str]) -> str:
 
 def serve(options: ServeOptions, *, echo: Callable[[str], Any] = print, grace_s: float = 30.0,
           python: str = sys.executable) -> int:
-    """Run the server until a signal stops it or it exits; return the exit status (0 when stopped)."""
+    """Run the server until a signal stops it or it exits; return the exit status: 0 when a signal
+    stopped it, vLLM's status (1 if that was 0) when vLLM exited on its own."""
     options.check()
     if options.port == 0:
         options = replace(options, port=free_port(options.host))
@@ -315,5 +316,9 @@ def serve(options: ServeOptions, *, echo: Callable[[str], Any] = print, grace_s:
     if not ready:
         echo(f"marsched serve: vLLM exited with status {code} before it was ready (its messages are above)")
         return code or 1
-    echo(f"marsched serve: vLLM exited with status {code}")
-    return code
+    # Nobody asked it to stop: vLLM's API server exits 0 when its engine dies (a crash in the
+    # model runner, say), which a supervisor must not read as a clean stop.
+    status = code or 1
+    echo(f"marsched serve: vLLM exited on its own with status {code} (its messages are above); "
+         f"exiting with {status}")
+    return status

@@ -57,11 +57,13 @@ class DuplicateKey(Exception):
 
 def no_duplicate_keys(pairs: list[tuple[str, object]]) -> dict[str, object]:
     """A json `object_pairs_hook`: json.loads would keep the last of two equal keys and lose the first silently."""
-    result: dict[str, object] = {}
-    for key, value in pairs:
-        if key in result:
-            raise DuplicateKey(key)
-        result[key] = value
+    result = dict(pairs)
+    if len(result) < len(pairs):  # the rare case, looked into key by key
+        seen: set[str] = set()
+        for key, _ in pairs:
+            if key in seen:
+                raise DuplicateKey(key)
+            seen.add(key)
     return result
 
 
