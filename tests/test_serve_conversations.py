@@ -168,6 +168,25 @@ def test_a_follow_up_that_never_comes_is_freed_at_the_time_limit(server, client)
     assert freed["device_free_blocks"] == freed["device_total_blocks"]
 
 
+def test_seed_is_a_400_on_the_cpu_engine_and_the_server_goes_on(server, client):
+    from types import SimpleNamespace
+
+    from vllm.exceptions import VLLMValidationError
+
+    from marsched.vllm.validate import check_sampling_params
+
+    check_sampling_params(SimpleNamespace(seed=3, extra_args=None), on_cpu=False)  # a GPU takes it
+    with pytest.raises(VLLMValidationError, match="CPU Generator"):
+        check_sampling_params(SimpleNamespace(seed=3, extra_args=None), on_cpu=True)
+    # Refused whatever its length: the front end does not know whether the prefill will be chunked.
+    long_prompt = [{"role": "user", "content": "tools " * 200}]
+    with pytest.raises(openai.BadRequestError) as raised:
+        client.chat.completions.create(model=server.model, messages=long_prompt, max_tokens=2, seed=1)
+    assert "seed" in str(raised.value) and "CPU" in str(raised.value)
+    answer = client.chat.completions.create(model=server.model, messages=long_prompt, max_tokens=2)
+    assert answer.choices[0].finish_reason in ("stop", "length")
+
+
 def test_bad_conversation_fields_are_named_in_the_400(server, client):
     for fields, named in (({"conversation": ""}, "marsched.conversation"),
                           ({"conversation": "x" * 257}, "marsched.conversation"),

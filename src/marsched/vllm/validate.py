@@ -10,7 +10,7 @@ endpoint (completions, chat, responses) and for the Python API alike:
 
 `MarsRequestValidator` checks `extra_args["marsched"]` with `marsched.vllm.metadata.parse`
 (and that `kv_transfer_params` / `ec_transfer_params`, which vLLM reads as objects, are
-objects), and changes no logits (`apply` returns them as they are): it is argmax-invariant for
+objects; and, on vLLM's CPU engine, that there is no `seed`, which crashes it), and changes no logits (`apply` returns them as they are): it is argmax-invariant for
 vLLM's V1 model runner (not called for greedy batches) and declines every request
 (`add_request` returns False) in the V2 model runner. It implements both interfaces (V1: CPU, and GPUs without Triton; V2:
 GPUs by default), because which one vLLM loads depends on the model runner.
@@ -41,8 +41,17 @@ VALIDATOR = f"{__name__}:MarsRequestValidator"
 OBJECT_KEYS = ("kv_transfer_params", "ec_transfer_params")
 
 
-def check_sampling_params(sampling_params: Any) -> None:
-    """Raise `VLLMValidationError` (HTTP 400) naming the field if the marsched metadata is bad."""
+# vLLM's CPU model runner kills its engine core on a seeded request whose prefill is chunked
+# ("CPU Generator does not use offset"; stock vLLM 0.32 too), which would end every request.
+SEED_ON_CPU = ("seed is not supported on vLLM's CPU engine: a seeded request whose prompt is "
+               "prefilled in chunks crashes it ('CPU Generator does not use offset'); leave seed out")
+
+
+def check_sampling_params(sampling_params: Any, on_cpu: bool | None = None) -> None:
+    """Raise `VLLMValidationError` (HTTP 400) naming the field if the marsched metadata is bad, or if
+    the request has a `seed` on vLLM's CPU engine (`on_cpu`; None: the platform's)."""
+    if getattr(sampling_params, "seed", None) is not None and (_on_cpu() if on_cpu is None else on_cpu):
+        raise VLLMValidationError(SEED_ON_CPU, parameter="seed")
     extra = getattr(sampling_params, "extra_args", None)
     if not extra:
         return
@@ -56,6 +65,12 @@ def check_sampling_params(sampling_params: Any) -> None:
         parse(extra[KEY])
     except MetadataError as error:
         raise VLLMValidationError(f"vllm_xargs.{error}", parameter=f"vllm_xargs.{error.field}") from None
+
+
+def _on_cpu() -> bool:
+    from vllm.platforms import current_platform
+
+    return current_platform.is_cpu()
 
 
 class MarsRequestValidator(V1LogitsProcessor, V2LogitsProcessor):  # type: ignore[misc]
