@@ -9,7 +9,9 @@ A tool is a built-in of `marsched.vllm.tools` (`builtin`) or a Python callable
 (`function`, "module:attribute"; sync or async, called with the arguments dict, returns
 a str). Both are registered in a `ToolRegistry`, which runs them under their timeout.
 Optional per tool: `description`, `parameters` (built-ins have defaults), `expected_s`
-(the prior of its duration), `timeout_s`, `api_type` (the MARS API type).
+(the prior of its duration), `timeout_s`, `api_type` (the MARS API type), and for a sync
+function `threads` (default 4): the threads of its own it runs in, so that calls that hang
+hold that tool's threads and no other tool's.
 
 `load_tools_config` checks everything, imports the functions, and raises
 `ToolsConfigError` naming the file, the tool and the problem. It runs twice: in
@@ -25,6 +27,7 @@ import inspect
 import json
 import math
 import re
+from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -35,7 +38,10 @@ from marsched.workload.model import ApiType
 ENV = "MARSCHED_TOOLS"
 DEFAULT_MAX_ROUNDS = 8
 MAX_ROUNDS = 100
-TOOL_KEYS = ("name", "builtin", "function", "description", "parameters", "expected_s", "timeout_s", "api_type")
+TOOL_KEYS = ("name", "builtin", "function", "description", "parameters", "expected_s", "timeout_s", "api_type",
+             "threads")
+DEFAULT_THREADS = 4  # a sync function's own threads: what its hung calls can hold, and no more
+MAX_THREADS = 256
 NAME = re.compile(r"^[A-Za-z0-9_-]{1,64}$")  # OpenAI's rule for function names
 
 # What the model is told about each built-in (OpenAI function descriptions).
@@ -132,6 +138,8 @@ def _tool(entry: Any, registry: ToolRegistry) -> ServerTool:
     if ("builtin" in entry) == ("function" in entry):
         raise ToolsConfigError("give exactly one of builtin (a marsched built-in) or function ('module:attribute')")
     if "builtin" in entry:
+        if "threads" in entry:
+            raise ToolsConfigError("threads is for a function tool (a built-in runs on the event loop)")
         builtin = entry["builtin"]
         if builtin not in BUILTINS:
             raise ToolsConfigError(f"builtin must be one of {', '.join(BUILTINS)}, got {builtin!r}")
@@ -139,7 +147,10 @@ def _tool(entry: Any, registry: ToolRegistry) -> ServerTool:
         fn, description, parameters = base.fn, *BUILTINS[builtin]
         api_type, expected_s, timeout_s = base.api_type, base.expected_duration_s, base.timeout_s
     else:
-        fn, doc = _function(entry["function"])
+        threads = entry.get("threads", DEFAULT_THREADS)
+        if type(threads) is not int or not 1 <= threads <= MAX_THREADS:
+            raise ToolsConfigError(f"threads must be an integer from 1 to {MAX_THREADS}, got {threads!r}")
+        fn, doc = _function(entry["function"], name, threads)
         description, parameters = doc, {"type": "object", "properties": {}}
         api_type, expected_s, timeout_s = ApiType.OTHER, 1.0, 60.0
     description = entry.get("description", description)
@@ -159,8 +170,9 @@ def _tool(entry: Any, registry: ToolRegistry) -> ServerTool:
     return ServerTool(tool, description, parameters)
 
 
-def _function(target: Any) -> tuple[Any, str]:
-    """Import "module:attribute" and make it async (a sync function runs in a thread, off the event loop)."""
+def _function(target: Any, name: str, threads: int) -> tuple[Any, str]:
+    """Import "module:attribute" and make it async (a sync function runs in one of `threads`
+    threads of its own, off the event loop)."""
     if not isinstance(target, str) or target.count(":") != 1 or not all(target.split(":")):
         raise ToolsConfigError(f"function must be 'module:attribute', got {target!r}")
     module_name, attribute = target.split(":")
@@ -179,9 +191,12 @@ def _function(target: Any) -> tuple[Any, str]:
     if inspect.iscoroutinefunction(value):
         return value, doc
     fn = value
+    # Its own threads, not the event loop's default pool: a call that hangs (past its timeout the
+    # thread runs on, as Python cannot stop it) holds one of this tool's threads only.
+    pool = ThreadPoolExecutor(max_workers=threads, thread_name_prefix=f"marsched-tool-{name}")
 
     async def call(args: Any) -> Any:
-        result = await asyncio.to_thread(fn, args)
+        result = await asyncio.get_running_loop().run_in_executor(pool, fn, args)
         return await result if inspect.isawaitable(result) else result  # an object with an async __call__
 
     return call, doc
