@@ -38,6 +38,23 @@ from typing import Any
 import numpy as np
 
 SPECIAL_TOKENS = ("<unk>", "<s>", "</s>", "<pad>")  # ids 0..3: unk, bos, eos, pad
+# The tokenizer's chat template: roles, the offered tools' names, assistant tool calls in the
+# pythonic form that vLLM's `pythonic` tool parser reads (`[name(key="value")]`), and tool results.
+# Without one, vLLM refuses every chat completion on the model.
+CHAT_TEMPLATE = (
+    "{%- if tools %}<tools>{% for t in tools %} {{ t.function.name if t.function is defined else t.name }}"
+    "{% endfor %}{{ '\\n' }}{% endif %}"
+    "{%- for m in messages %}"
+    "{%- if m.role == 'assistant' and m.tool_calls %}<assistant> ["
+    "{%- for c in m.tool_calls %}{{ c.function.name }}("
+    "{%- if c.function.arguments is mapping %}{% for k, v in c.function.arguments.items() %}"
+    "{{ k }}={{ v | tojson }}{% if not loop.last %}, {% endif %}{% endfor %}"
+    "{%- else %}{{ c.function.arguments }}{% endif %}){% if not loop.last %}, {% endif %}{% endfor %}]"
+    "{%- elif m.role == 'tool' %}<tool> {{ m.content }}"
+    "{%- else %}<{{ m.role }}> {{ m.content if m.content is string else '' }}{% endif %}{{ '\\n' }}"
+    "{%- endfor %}"
+    "{%- if add_generation_prompt %}<assistant> {% endif %}"
+)
 MIN_VOCAB = 512  # the byte-level alphabet (256) and the specials, with room for merges
 DTYPES = ("bfloat16", "float32")
 
@@ -223,5 +240,6 @@ def _build_tokenizer(out: Path, shape: ModelShape) -> int:
     fast = PreTrainedTokenizerFast(tokenizer_object=tokenizer, unk_token="<unk>", bos_token="<s>",
                                    eos_token="</s>", pad_token="<pad>")
     fast.model_max_length = shape.max_position
+    fast.chat_template = CHAT_TEMPLATE
     fast.save_pretrained(str(out))
     return len(fast)

@@ -1,0 +1,86 @@
+"""A tool-calling chat on a fresh `marsched model`, served by `marsched serve` with no template
+of its own: the model's tokenizer carries a chat template that renders tools, calls and results."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+
+import pytest
+
+pytest.importorskip("vllm")
+openai = pytest.importorskip("openai")
+
+from marsched.bench.model import ModelShape, build_model  # noqa: E402
+from marsched.serve.launch import free_port  # noqa: E402
+
+pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
+
+TINY = ModelShape(layers=2, hidden=128, heads=4, kv_heads=2, intermediate=256, vocab=512, max_position=1024)
+CALCULATOR = {"type": "function", "function": {
+    "name": "calculator", "description": "Evaluate an arithmetic expression.",
+    "parameters": {"type": "object", "properties": {"expression": {"type": "string", "enum": ["6*7"]}},
+                   "required": ["expression"], "additionalProperties": False}}}
+
+
+def test_the_model_renders_tools_calls_and_results(tmp_path):
+    from transformers import AutoTokenizer
+
+    build_model(tmp_path / "model", TINY)
+    tokenizer = AutoTokenizer.from_pretrained(str(tmp_path / "model"))
+    messages = [{"role": "system", "content": "be brief"}, {"role": "user", "content": "what is 6*7"},
+                {"role": "assistant", "content": None, "tool_calls": [
+                    {"id": "c1", "type": "function", "function": {"name": "calculator",
+                                                                  "arguments": {"expression": "6*7"}}}]},
+                {"role": "tool", "tool_call_id": "c1", "content": "42"}]
+    text = tokenizer.apply_chat_template(messages, tools=[CALCULATOR], tokenize=False, add_generation_prompt=True)
+    assert text == ('<tools> calculator\n<system> be brief\n<user> what is 6*7\n'
+                    '<assistant> [calculator(expression="6*7")]\n<tool> 42\n<assistant> ')
+
+
+@pytest.fixture(scope="module")
+def served(tmp_path_factory):
+    folder = tmp_path_factory.mktemp("model_chat")
+    build_model(folder / "model", TINY)
+    port = free_port("127.0.0.1")
+    log = folder / "serve.log"
+    command = [sys.executable, "-m", "marsched.cli", "serve", str(folder / "model"), "--port", str(port),
+               "--cpu-kv-cache-gib", "1", "--", "--enforce-eager", "--max-model-len", "1024",
+               "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
+               # JSON without whitespace, which a random model would otherwise write until max_tokens
+               "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
+    with open(log, "w") as out:
+        process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
+                                   env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+    try:
+        deadline = time.monotonic() + 300
+        while "marsched serve: listening on" not in log.read_text():
+            assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
+            time.sleep(0.5)
+        yield str(folder / "model"), openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                                                   max_retries=0, timeout=120)
+    finally:
+        os.killpg(process.pid, signal.SIGTERM)
+        process.wait(timeout=60)
+
+
+def test_a_tool_calling_chat_runs_end_to_end(served):
+    model, client = served
+    messages = [{"role": "user", "content": "what is 6*7?"}]
+    # A named tool_choice makes the random model write a valid call (structured output).
+    first = client.chat.completions.create(model=model, messages=messages, tools=[CALCULATOR], max_tokens=32,
+                                           tool_choice={"type": "function", "function": {"name": "calculator"}})
+    call = first.choices[0].message.tool_calls[0]
+    assert call.function.name == "calculator" and json.loads(call.function.arguments) == {"expression": "6*7"}
+    messages += [first.choices[0].message.model_dump(exclude_none=True),
+                 {"role": "tool", "tool_call_id": call.id, "content": "42"}]
+    answer = client.chat.completions.create(model=model, messages=messages, tools=[CALCULATOR], max_tokens=8)
+    assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # "auto" (the default with tools) is served too: the parser reads whatever the model wrote.
+    plain = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
+                                           tools=[CALCULATOR], max_tokens=4)
+    assert plain.choices[0].finish_reason in ("stop", "length", "tool_calls")
