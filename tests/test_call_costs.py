@@ -61,3 +61,70 @@ def test_ties_go_to_preserve_then_swap_and_discard_must_be_strictly_cheapest():
     tie = CallCosts.of(10, 0.15625, cost)  # Preserve 1.5625, as Swap
     assert tie.cheapest(150) is Strategy.PRESERVE
     assert tie.cheapest(149) is Strategy.DISCARD
+
+
+def test_discard_only_at_an_empty_batch_has_its_bound_at_one():
+    # Tfwd(10) = 10/1024 s: Discard 0.09765625 at batch 0, 0.107421875 at batch 1; Preserve 10 × 0.01 = 0.1.
+    cost = CostModel(seconds_per_token=2**-10, seconds_per_iteration=0.0, token_budget=8, swap_tokens_per_s=128.0)
+    call = CallCosts.of(10, 0.01, cost)
+    assert call.cheapest(0) is Strategy.DISCARD and call.cheapest(1) is Strategy.PRESERVE
+    assert call.discard_cheapest_below() == 1
+
+
+def test_attention_pairs_are_a_whole_number():
+    from marsched.policy.cost_model import attention_pairs
+
+    assert attention_pairs(3, 2) == 12 and isinstance(attention_pairs(3, 2), int)  # the trace logs an integer
+
+
+def _policy_and_progress():
+    from marsched.policy import make_policy
+    from marsched.policy.load import EngineLoad
+    from marsched.policy.progress import RequestProgress
+    from marsched.workload import ApiCall, ApiType, build_request
+
+    cost = CostModel(seconds_per_token=1e-4, seconds_per_iteration=0.01, token_budget=64, swap_tokens_per_s=1e4)
+    policy = make_policy("mars", cost)
+    request = build_request("R", 100, [(4, ApiCall(ApiType.OTHER, 1.0, 10)), (3, ApiCall(ApiType.OTHER, 0.5, 5)),
+                                       (3, ApiCall(ApiType.OTHER, 0.2, 2)), (2, None)])
+    progress = RequestProgress(request, order_s=0.0)
+    load = EngineLoad(0.0, 0, 0.01, 10_000)
+    policy.start_segment(progress, load)
+    return policy, progress, load
+
+
+def test_a_key_prices_each_later_call_once_and_recomputes_no_tfwd_it_knows(monkeypatch):
+    from marsched.policy import waste
+
+    policy, progress, load = _policy_and_progress()
+    built = []
+    original = waste.CallCosts.of.__func__
+    monkeypatch.setattr(waste.CallCosts, "of", classmethod(lambda cls, *a, **k: built.append(a) or original(cls, *a, **k)))
+    slow = []
+    recompute = CostModel.recompute_time
+    monkeypatch.setattr(CostModel, "recompute_time", lambda self, tokens: slow.append(tokens) or recompute(self, tokens))
+    first = policy.memory_time_form(progress, load)
+    # Later segments 1 and 2 call (segment 3 is the last); the current segment's call is priced too.
+    assert len(built) == 3
+    built.clear()
+    slow.clear()
+    assert policy.memory_time_form(progress, load) == first
+    assert len(built) == 3
+    assert slow == []  # every Tfwd came from the memo
+
+
+def test_the_tfwd_memo_starts_again_at_its_limit(monkeypatch):
+    from marsched.policy import policy as policy_module
+
+    policy, _, _ = _policy_and_progress()
+    monkeypatch.setattr(policy_module, "_RECOMPUTE_MEMO", 2)
+    for tokens in (1, 2, 3, 4, 5):
+        assert policy.recompute_time(tokens) == policy.cost.recompute_time(tokens)
+        assert len(policy._recompute_memo[1]) <= 2
+
+
+def test_a_form_built_without_a_batch_range_does_not_follow_the_batch():
+    from marsched.policy.ranking import RankingTerms, remaining_area_form
+
+    policy, progress, load = _policy_and_progress()
+    assert remaining_area_form(policy.outlook(progress, load), policy.cost, RankingTerms()).follows_running_kv is False

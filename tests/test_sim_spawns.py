@@ -78,6 +78,8 @@ def test_held_spawns_refuse_a_missing_parent_or_call():
         HeldSpawns([_parent(), _spawned("C", 1.0, "P", segment=1)])
     with pytest.raises(ValueError, match="segment 5 of 'P'"):
         HeldSpawns([_parent(), _spawned("C", 1.0, "P", segment=5)])
+    with pytest.raises(ValueError, match="segment 2 of 'P'"):  # one past the last segment
+        HeldSpawns([_parent(), _spawned("C", 1.0, "P", segment=2)])
     trailing = build_request("P", 100, [(4, ApiCall(ApiType.TOOL, 1.0, 0))], 0.0)  # segment -1 would have a call
     with pytest.raises(ValueError, match="segment -1 of 'P'"):
         HeldSpawns([trailing, _spawned("C", 1.0, "P", segment=-1)])
