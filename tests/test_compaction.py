@@ -226,6 +226,15 @@ def test_blocks_partly_on_the_host_go_from_the_tail_first():
     assert (sim_request.device_blocks, sim_request.host_blocks, sim.device.used) == (2, 0, 2)
 
 
+def test_a_compaction_that_keeps_every_block_frees_none():
+    # All 3 blocks on the host (a swap); keeping 40 tokens needs all 3: nothing is freed.
+    sim = make_simulator([_compacting()], small_profile(), make_policy("infercept-code", COST))
+    sim_request = SimRequest(RequestProgress(_compacting(), order_s=0.0, computed_tokens=45), host_blocks=3)
+    sim.host.allocate(3)
+    sim._drop_compacted(sim_request, 40)
+    assert (sim_request.device_blocks, sim_request.host_blocks, sim.host.used) == (0, 3, 3)
+
+
 def test_isolated_latency_prefills_what_the_compaction_leaves():
     assert isolated_latency(_compacting(), COST) == pytest.approx(t(100) + 3 * t(1) + 1.0 + t(10) + 2 * t(1))
     assert isolated_latency(_compacting(returned=0), COST) == pytest.approx(t(100) + 3 * t(1) + 1.0 + t(1) + 2 * t(1))
