@@ -53,9 +53,13 @@ def served(tmp_path_factory):
                "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
                # JSON without whitespace, which a random model would otherwise write until max_tokens
                "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
+    # As a user runs it: the engine core and its worker in processes of their own (the suite's
+    # conftest runs engines in-process), so that the state the workers report comes from the scheduler's steps.
+    env = {key: value for key, value in os.environ.items() if key != "VLLM_ENABLE_V1_MULTIPROCESSING"}
+    env["VLLM_CPU_KVCACHE_SPACE"] = "1"
     with open(log, "w") as out:
         process = subprocess.Popen(command, stdout=out, stderr=subprocess.STDOUT, start_new_session=True,
-                                   env={**os.environ, "VLLM_CPU_KVCACHE_SPACE": "1"})
+                                   env=env)
     try:
         deadline = time.monotonic() + 300
         while "marsched serve: listening on" not in log.read_text():
@@ -66,6 +70,27 @@ def served(tmp_path_factory):
     finally:
         os.killpg(process.pid, signal.SIGTERM)
         process.wait(timeout=60)
+
+
+def test_a_fresh_server_reports_its_scheduler_before_any_request(served):
+    """The scheduler publishes its state once at the start (no request has run: this test is the
+    module's first on the server)."""
+    import urllib.request
+
+    model, client = served
+    base = str(client.base_url).removesuffix("/v1/").removesuffix("/v1")
+    deadline = time.monotonic() + 30
+    while True:
+        with urllib.request.urlopen(f"{base}/marsched/state", timeout=30) as response:
+            state = json.loads(response.read())
+        with urllib.request.urlopen(f"{base}/metrics", timeout=30) as response:
+            metrics = response.read().decode()
+        if "scheduler" in state or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert state["scheduler"]["tracked"] == 0 and state["scheduler"]["running"] == 0  # its one step was empty
+    assert state["scheduler"]["device_free_blocks"] == state["scheduler"]["device_total_blocks"]
+    assert "marsched_state_up 1.0" in metrics
 
 
 def test_a_tool_calling_chat_runs_end_to_end(served):
