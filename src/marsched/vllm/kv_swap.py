@@ -110,9 +110,7 @@ class HostSwapConnector(KVConnectorBase_V1):
         self.load_from: dict[str, str] = {}  # rid -> host key of the copy it loads, when not its own
         self.host_tokens: dict[str, int] = {}  # rid -> tokens held on host (scheduler's account)
         self.last_swap_in: dict[str, int] = {}  # rid -> blocks restored, for the scheduler's trace
-        # The scheduler's state changed: run a step to publish it. True at the start, so that the
-        # workers hold the scheduler's state (`/marsched/state`, `marsched_state_up`) before the first request.
-        self.snapshot_dirty = role == KVConnectorRole.SCHEDULER
+        self.snapshot_dirty = False  # the scheduler's state changed: run a step to publish it
         # worker side
         self.kv_caches: dict[str, torch.Tensor] = {}
         self.mover: KvMover | None = None

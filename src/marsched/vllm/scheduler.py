@@ -88,6 +88,8 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         self.waiting = RankedRequestQueue(self.mars_policy, self._progress_of, self._load, lambda: self._iteration,
                                           time.monotonic, self._admits, on_fault=self._fail)
         self._swapper = self.connector if isinstance(self.connector, HostSwapConnector) else None
+        if self._swapper is not None:  # one step at the start publishes the state: /marsched/state before any request
+            self._swapper.snapshot_dirty = True
         self._retention = self.mars_config.retention_rule()
         self._keeper = ConversationKeeper(self.kv_cache_manager.block_pool, self.cache_config.block_size, self._swapper)
         self._gaps = GapEstimator()
