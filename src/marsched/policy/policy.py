@@ -262,11 +262,16 @@ class Policy:
         held_after = progress.strategy is Strategy.PRESERVE and not progress.in_last_segment
         return KvOutlook(progress.context_tokens, decode_left, held_after)
 
+    def looks_at_batch(self, batch_running: bool) -> bool:
+        """Whether admission weighs the running batch's outlooks: not under greedy admission, and
+        never for an empty batch (an empty engine always takes the head)."""
+        return self.admission is not Admission.GREEDY and batch_running
+
     def admits(self, candidate: RequestProgress, running: list[RequestProgress], other_tokens: int,
                capacity_tokens: int, block_tokens: int) -> bool:
         """Whether `candidate` may join `running` now. `other_tokens` is device KV held outside the
         batch (preserved calls, transfers). Always true for greedy admission."""
-        if self.admission is Admission.GREEDY or not running:
+        if not self.looks_at_batch(bool(running)):
             return True
         return self.admits_outlooks(self.kv_outlook(candidate), [self.kv_outlook(p) for p in running],
                                     other_tokens, capacity_tokens, block_tokens)
@@ -274,7 +279,7 @@ class Policy:
     def admits_outlooks(self, candidate: KvOutlook, running: list[KvOutlook], other_tokens: int,
                         capacity_tokens: int, block_tokens: int) -> bool:
         """`admits` from outlooks an engine already has (it may keep them for a step)."""
-        if self.admission is Admission.GREEDY or not running:
+        if not self.looks_at_batch(bool(running)):
             return True
         # A full block per request bounds the partly filled last block: with exact predictions,
         # what is admitted never outgrows the device.
@@ -308,10 +313,10 @@ class Policy:
         return self.memory_time_form(progress, load).at(load.iteration_s)
 
     def memory_time_form(self, progress: RequestProgress, load: EngineLoad) -> KeyForm:
-        outlook, running_kv, calls = self._outlook(progress, load)
+        outlook, running_kv = self._outlook(progress, load)
         return remaining_area_form(outlook, self.cost, self.terms,
                                    follows_running_kv=self._later_strategies_follow_load(progress),
-                                   running_kv=running_kv, calls=calls, recompute_time=self.recompute_time)
+                                   running_kv=running_kv, recompute_time=self.recompute_time)
 
     def _later_strategies_follow_load(self, progress: RequestProgress) -> bool:
         """Whether `outlook` picks a later call's strategy by waste (which weighs the running KV)."""
@@ -325,9 +330,9 @@ class Policy:
         return self._outlook(progress, load)[0]
 
     def _outlook(self, progress: RequestProgress, load: EngineLoad
-                 ) -> tuple[list[SegmentOutlook], tuple[float, float], list[CallCosts | None]]:
-        """`outlook`; the range of running-batch KV over which its later strategies stay the same;
-        and each later call's costs, which its key term reuses (None where not computed)."""
+                 ) -> tuple[list[SegmentOutlook], tuple[float, float]]:
+        """`outlook`, and the range of running-batch KV over which its later strategies stay the
+        same. Each later call priced here carries its costs, which its key term reuses."""
         low, high = 0, math.inf
         by_waste = self.rule not in (StrategyRule.FIXED, StrategyRule.END_AT_CALL)
         index = progress.segment_index
@@ -341,7 +346,6 @@ class Policy:
                 progress.strategy,
             )
         ]
-        calls: list[CallCosts | None] = [None]
         context_at_call = progress.context_tokens + outlook[0].decode_tokens
         last = len(progress.predictions) - 1
         for later_index in range(index + 1, last + 1):
@@ -362,10 +366,9 @@ class Policy:
                         high = min(high, bound)
                     else:
                         low = max(low, bound)
-            outlook.append(SegmentOutlook(context, prefill, prediction.output_tokens, prediction, strategy))
-            calls.append(call)
+            outlook.append(SegmentOutlook(context, prefill, prediction.output_tokens, prediction, strategy, call))
             context_at_call = context + prediction.output_tokens
-        return outlook, (low, high), calls
+        return outlook, (low, high)
 
     def recompute_time(self, tokens: int) -> float:
         """`cost.recompute_time(tokens)`, memoised (at most `_RECOMPUTE_MEMO` token counts)."""

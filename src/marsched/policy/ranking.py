@@ -91,6 +91,7 @@ class SegmentOutlook:
     decode_tokens: int
     prediction: SegmentPrediction
     strategy: Strategy | None
+    call: CallCosts | None = None  # its call's costs, where the outlook priced the call already
 
 
 @dataclass(slots=True)  # not frozen: built at every push
@@ -123,10 +124,8 @@ class KeyForm:
 def remaining_area_form(outlook: list[SegmentOutlook], cost: CostModel, terms: RankingTerms,
                         follows_running_kv: bool = False,
                         running_kv: tuple[float, float] = (0, math.inf),
-                        calls: list[CallCosts | None] | None = None,
                         recompute_time: Callable[[int], float] | None = None) -> KeyForm:
-    """`remaining_area` as a line in τ: the decode terms' weight, and the rest. `calls`: each
-    segment's call costs where its caller has them already (`Policy._outlook`); `recompute_time`:
+    """`remaining_area` as a line in τ: the decode terms' weight, and the rest. `recompute_time`:
     `cost.recompute_time`, or a memo of it."""
     per_iteration_s = 0.0
     fixed = 0.0
@@ -138,7 +137,7 @@ def remaining_area_form(outlook: list[SegmentOutlook], cost: CostModel, terms: R
         if terms.decode:
             per_iteration_s += decode_weight(segment.context_tokens, segment.decode_tokens)
         if terms.call and segment.prediction.has_call and segment.strategy is not None:
-            call = calls[index] if calls is not None else None
+            call = segment.call
             if call is None:
                 call = CallCosts.of(segment.context_tokens + segment.decode_tokens, segment.prediction.api_duration_s,
                                     cost, segment.prediction.kept_tokens, recompute_time)

@@ -108,12 +108,16 @@ class CallCosts:
         return cls(context_tokens, api_s, kept, recompute_s, preserve_waste(context_tokens, api_s),
                    swap_waste(context_tokens, cost, kept_tokens))
 
+    def discard(self, batch_kv_tokens: int) -> float:
+        """Discard's waste at a running batch of `batch_kv_tokens`."""
+        return recompute_waste(self.recompute_s, self.kept_tokens, batch_kv_tokens)
+
     def wastes(self, batch_kv_tokens: int) -> Wastes:
-        return Wastes(self.preserve, recompute_waste(self.recompute_s, self.kept_tokens, batch_kv_tokens), self.swap)
+        return Wastes(self.preserve, self.discard(batch_kv_tokens), self.swap)
 
     def cheapest(self, batch_kv_tokens: int) -> Strategy:
         """`cheapest(call_wastes(...))` with swap allowed."""
-        return cheapest_of(self.preserve, recompute_waste(self.recompute_s, self.kept_tokens, batch_kv_tokens), self.swap)
+        return cheapest_of(self.preserve, self.discard(batch_kv_tokens), self.swap)
 
     def discard_cheapest_below(self) -> float:
         """The batch KV `b` below which `cheapest` is Discard: Discard exactly when the batch
@@ -127,7 +131,7 @@ class CallCosts:
         bound = min(self.preserve, self.swap)  # Discard is last on ties: it must be strictly below both
 
         def discards(batch: int) -> bool:
-            return recompute_waste(self.recompute_s, self.kept_tokens, batch) < bound
+            return self.discard(batch) < bound
 
         if not discards(0):
             return 0

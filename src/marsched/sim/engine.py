@@ -24,7 +24,7 @@ from collections.abc import Callable
 from marsched.lifecycle import CallLifecycle, IterationTime, choose_victim
 from marsched.metrics.records import RequestRecord
 from marsched.metrics.trace import EventTrace
-from marsched.policy.admission import Admission, KvOutlook
+from marsched.policy.admission import KvOutlook
 from marsched.policy.compaction import cached_after_call
 from marsched.policy.cost_model import attention_pairs
 from marsched.policy.load import EngineLoad
@@ -292,8 +292,8 @@ class Simulator:
     def _admissible(self, sim_request: SimRequest, outlooks: list[KvOutlook] | None = None) -> bool:
         """The policy's admission rule, given the running batch and the KV held outside it.
         `outlooks`: the running requests' KV outlooks as far as known (extended here)."""
-        if self.policy.admission is Admission.GREEDY or not self.running:
-            return True
+        if not self.policy.looks_at_batch(bool(self.running)):
+            return True  # no outlook to build
         outlooks = [] if outlooks is None else outlooks
         outlooks.extend(self.policy.kv_outlook(r.progress) for r in self.running[len(outlooks):])
         other_tokens = (self.device.used - sum(r.device_blocks for r in self.running)) * self.block_tokens
