@@ -281,7 +281,6 @@ def readable(text: str) -> str:
     return _UNREADABLE.sub("\ufffd", text)
 
 
-
 def _function_name(entry: Any) -> str | None:
     """The function name of a tools entry, a named tool_choice or a tool call."""
     function = entry.get("function") if isinstance(entry, dict) else None

@@ -10,10 +10,11 @@ endpoint (completions, chat, responses) and for the Python API alike:
 
 `MarsRequestValidator` checks `extra_args["marsched"]` with `marsched.vllm.metadata.parse`
 (and that `kv_transfer_params` / `ec_transfer_params`, which vLLM reads as objects, are
-objects; and, on vLLM's CPU engine, that there is no `seed`, which crashes it), and changes no logits (`apply` returns them as they are): it is argmax-invariant for
-vLLM's V1 model runner (not called for greedy batches) and declines every request
-(`add_request` returns False) in the V2 model runner. It implements both interfaces (V1: CPU, and GPUs without Triton; V2:
-GPUs by default), because which one vLLM loads depends on the model runner.
+objects; and, on vLLM's CPU engine, that there is no `seed`, which crashes it), and changes
+no logits (`apply` returns them as they are): it is argmax-invariant for vLLM's V1 model
+runner (not called for greedy batches) and declines every request (`add_request` returns
+False) in the V2 model runner. It implements both interfaces (V1: CPU, and GPUs without
+Triton; V2: GPUs by default), because which one vLLM loads depends on the model runner.
 """
 
 from __future__ import annotations
