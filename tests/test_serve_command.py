@@ -119,3 +119,61 @@ def test_serve_exits_non_zero_when_vllm_exits_on_its_own(tmp_path):
     assert status == 1
     assert any("listening on" in line for line in said)  # it was ready first
     assert "exited on its own with status 0" in said[-1]
+
+
+def test_vllms_shutdown_timeout_is_ours_unless_given():
+    from marsched.serve.launch import SHUTDOWN_TIMEOUT_S
+
+    command = vllm_command(ServeOptions("m"))
+    assert command[command.index("--shutdown-timeout") + 1] == str(SHUTDOWN_TIMEOUT_S)
+    for given in (("--shutdown-timeout", "3"), ("--shutdown-timeout=3",)):
+        command = vllm_command(ServeOptions("m", vllm_args=given))
+        assert [a for a in command if a.startswith("--shutdown-timeout")] == [given[0]]
+        assert command[-len(given):] == list(given)
+
+
+# A server that stops its own child on SIGTERM, as vLLM's API server stops its engine core: the
+# child counts the SIGTERMs it receives, and exits on the one from its parent.
+_CHILD = """
+import os, signal, sys, time
+folder = sys.argv[1]
+def on_term(signum, frame):
+    with open(os.path.join(folder, "child.log"), "a") as log:
+        log.write("TERM;")
+signal.signal(signal.SIGTERM, on_term)
+open(os.path.join(folder, "child.ready"), "w").close()
+while not os.path.exists(os.path.join(folder, "parent.stopping")):
+    time.sleep(0.02)
+time.sleep(0.5)  # a second SIGTERM from elsewhere would arrive by now
+"""
+_PARENT = """
+import os, signal, subprocess, sys, time
+folder = sys.argv[1]
+child = subprocess.Popen([sys.executable, os.path.join(folder, "child.py"), folder])
+def on_term(signum, frame):
+    open(os.path.join(folder, "parent.stopping"), "w").close()
+    child.send_signal(signal.SIGTERM)
+    child.wait()
+    sys.exit(0)
+signal.signal(signal.SIGTERM, on_term)
+while True:
+    time.sleep(0.05)
+"""
+
+
+def test_stopping_signals_the_server_alone_so_that_its_children_stop_in_order(tmp_path):
+    """A SIGTERM to the whole group reached vLLM's engine core twice; the second, during its
+    teardown, killed it before the trace's `end` was written."""
+    import time
+
+    from marsched.serve.launch import stop_process_group
+
+    (tmp_path / "child.py").write_text(_CHILD)
+    (tmp_path / "parent.py").write_text(_PARENT)
+    parent = subprocess.Popen([sys.executable, str(tmp_path / "parent.py"), str(tmp_path)], start_new_session=True)
+    deadline = time.monotonic() + 30
+    while not (tmp_path / "child.ready").exists():
+        assert time.monotonic() < deadline and parent.poll() is None
+        time.sleep(0.05)
+    assert stop_process_group(parent, grace_s=20) == 0
+    assert (tmp_path / "child.log").read_text() == "TERM;"  # one SIGTERM, its parent's

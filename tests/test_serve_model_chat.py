@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import time
+from typing import NamedTuple
 
 import pytest
 
@@ -42,6 +43,13 @@ def test_the_model_renders_tools_calls_and_results(tmp_path):
                     '<assistant> [calculator(expression="6*7")]\n<tool> 42\n<assistant> ')
 
 
+class Served(NamedTuple):
+    model: str
+    client: object
+    process: subprocess.Popen
+    trace: object  # Path of the scheduler's event trace
+
+
 @pytest.fixture(scope="module")
 def served(tmp_path_factory):
     folder = tmp_path_factory.mktemp("model_chat")
@@ -49,7 +57,7 @@ def served(tmp_path_factory):
     port = free_port("127.0.0.1")
     log = folder / "serve.log"
     command = [sys.executable, "-m", "marsched.cli", "serve", str(folder / "model"), "--port", str(port),
-               "--cpu-kv-cache-gib", "1", "--", "--enforce-eager", "--max-model-len", "1024",
+               "--cpu-kv-cache-gib", "1", "--trace-out", str(folder / "trace.jsonl"), "--", "--enforce-eager", "--max-model-len", "1024",
                "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
                # JSON without whitespace, which a random model would otherwise write until max_tokens
                "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
@@ -65,11 +73,12 @@ def served(tmp_path_factory):
         while "marsched serve: listening on" not in log.read_text():
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
-        yield str(folder / "model"), openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
-                                                   max_retries=0, timeout=120)
+        yield Served(str(folder / "model"), openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
+                                                          max_retries=0, timeout=120), process, folder / "trace.jsonl")
     finally:
-        os.killpg(process.pid, signal.SIGTERM)
-        process.wait(timeout=60)
+        if process.poll() is None:
+            os.killpg(process.pid, signal.SIGTERM)
+            process.wait(timeout=60)
 
 
 def test_a_fresh_server_reports_its_scheduler_before_any_request(served):
@@ -77,8 +86,7 @@ def test_a_fresh_server_reports_its_scheduler_before_any_request(served):
     module's first on the server)."""
     import urllib.request
 
-    model, client = served
-    base = str(client.base_url).removesuffix("/v1/").removesuffix("/v1")
+    base = str(served.client.base_url).removesuffix("/v1/").removesuffix("/v1")
     deadline = time.monotonic() + 30
     while True:
         with urllib.request.urlopen(f"{base}/marsched/state", timeout=30) as response:
@@ -94,7 +102,7 @@ def test_a_fresh_server_reports_its_scheduler_before_any_request(served):
 
 
 def test_a_tool_calling_chat_runs_end_to_end(served):
-    model, client = served
+    model, client = served.model, served.client
     messages = [{"role": "user", "content": "what is 6*7?"}]
     # A named tool_choice makes the random model write a valid call (structured output).
     first = client.chat.completions.create(model=model, messages=messages, tools=[CALCULATOR], max_tokens=32,
@@ -109,3 +117,17 @@ def test_a_tool_calling_chat_runs_end_to_end(served):
     plain = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
                                            tools=[CALCULATOR], max_tokens=4)
     assert plain.choices[0].finish_reason in ("stop", "length", "tool_calls")
+
+
+def test_sigterm_stops_the_server_with_its_trace_complete(served):
+    """As a supervisor stops it (this module's last test): `marsched serve` exits 0, and the
+    engine core wrote the trace's `end` event on its way out, so the audit passes."""
+    from marsched.audit import audit_trace
+    from marsched.metrics.trace import read_trace
+
+    served.process.send_signal(signal.SIGTERM)
+    assert served.process.wait(timeout=90) == 0
+    events = list(read_trace(served.trace))
+    assert events[-1]["event"] == "end" and events[-1]["kv_device_blocks"] == 0
+    assert sum(e["event"] == "finish" for e in events) == 3  # the chat's three requests
+    assert audit_trace(served.trace).clean

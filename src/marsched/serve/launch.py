@@ -23,9 +23,17 @@ it refuses to start when that much is not free) is a quarter of the available me
 (`VLLM_CPU_NUM_OF_RESERVED_CPU`) are vLLM's unless given.
 
 Supervision: the server runs in its own process group (and, on Linux, gets SIGTERM if
-this process dies). SIGINT (Ctrl-C), SIGTERM or SIGHUP here sends SIGTERM to the whole
-group, waits `grace_s`, then SIGKILLs whatever is left; when the server exits by itself,
-whatever it left behind in its group is killed too. No vLLM process outlives `serve`.
+this process dies). SIGINT (Ctrl-C), SIGTERM or SIGHUP here sends SIGTERM to the server
+alone, which stops its engine core and workers in order; after `grace_s`, SIGTERM and then
+SIGKILL go to whatever is left in the group. When the server exits by itself, whatever it
+left behind in its group is killed too. No vLLM process outlives `serve`.
+
+A signal to the whole group would reach the engine core twice (from here and from its
+server), and the second one, once vLLM has put back the default handler for its teardown,
+kills it before the scheduler writes the trace's `end` event. vLLM's own `--shutdown-timeout`
+is 0 unless given, which SIGKILLs the engine core at once; `serve` gives it
+`SHUTDOWN_TIMEOUT_S`: requests in flight get that long to finish, and the engine's teardown
+(a few seconds, its worker's exit) runs inside it.
 """
 
 from __future__ import annotations
@@ -67,6 +75,7 @@ OWNED = {
     "--worker-extension-cls": "nothing (marsched's worker extension is always loaded)",
 }
 MERGED = ("--logits-processors",)  # lists: the user's entries are added to ours
+SHUTDOWN_TIMEOUT_S = 20  # vLLM's --shutdown-timeout unless given (see the module's docstring)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,6 +166,8 @@ def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[st
         command += ["--middleware", STATE_MIDDLEWARE, "--middleware", METRICS_MIDDLEWARE]
     if options.tools is not None:
         command += ["--middleware", TOOLS_MIDDLEWARE]
+    if not any(arg.split("=", 1)[0] == "--shutdown-timeout" for arg in passthrough):
+        command += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
     return command + passthrough
 
 
@@ -233,22 +244,30 @@ def _signal_group(pgid: int, signum: int) -> None:
 
 
 def stop_process_group(child: subprocess.Popen, grace_s: float = 30.0, leftovers_s: float = 5.0) -> int:
-    """Stop `child` (a process-group leader) and everything in its group; return its exit code."""
+    """Stop `child` (a process-group leader) and everything in its group; return its exit code.
+    The leader alone is asked first: it stops its own children in order (the module's docstring)."""
     pgid = child.pid
     if child.poll() is None:
-        _signal_group(pgid, signal.SIGTERM)
         try:
+            child.send_signal(signal.SIGTERM)
             child.wait(grace_s)
         except subprocess.TimeoutExpired:
-            _signal_group(pgid, signal.SIGKILL)
-            child.wait()
+            _signal_group(pgid, signal.SIGTERM)
+            try:
+                child.wait(leftovers_s)
+            except subprocess.TimeoutExpired:
+                _signal_group(pgid, signal.SIGKILL)
+                child.wait()
     # Whatever the server left in its group (an engine core still shutting down) gets a
-    # moment, then SIGKILL.
-    deadline = time.monotonic() + leftovers_s
-    while _group_alive(pgid) and time.monotonic() < deadline:
-        time.sleep(0.1)
+    # moment, then SIGTERM, then SIGKILL.
+    for signum in (signal.SIGTERM, signal.SIGKILL):
+        deadline = time.monotonic() + leftovers_s
+        while _group_alive(pgid) and time.monotonic() < deadline:
+            time.sleep(0.1)
+        if not _group_alive(pgid):
+            break
+        _signal_group(pgid, signum)
     if _group_alive(pgid):
-        _signal_group(pgid, signal.SIGKILL)
         deadline = time.monotonic() + 5.0
         while _group_alive(pgid) and time.monotonic() < deadline:
             time.sleep(0.05)
