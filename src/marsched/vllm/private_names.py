@@ -49,7 +49,7 @@ NAMES: tuple[VllmName, ...] = (
              ("request", "timestamp", "drop_stale_output")),
     VllmName(_SCHED, "Scheduler._free_request", "override: keep a conversation turn's KV before vLLM frees it",
              ("request", "delay_free_blocks")),
-    VllmName(_SCHED, "Scheduler.finish_requests", "override and call: aborts carry conversation releases; "
+    VllmName(_SCHED, "Scheduler.finish_requests", "override and call: aborts carry conversation releases and stop-string ends; "
              "end a faulted request with FINISHED_ERROR", ("request_ids", "finished_status")),
     VllmName(_SCHED, "Scheduler.has_requests", "override: keep stepping while a swap-out or an expiry is due"),
     VllmName(_SCHED, "Scheduler.shutdown", "override: close the event trace and the kept conversations"),
@@ -214,6 +214,11 @@ NAMES: tuple[VllmName, ...] = (
     VllmName("vllm.v1.engine.async_llm", "AsyncLLM.tokenizer", "decode prompts for the learned predictor"),
     VllmName("vllm.v1.engine.async_llm", "AsyncLLM.vllm_config", "bench: the engine's KV capacity"),
     VllmName("vllm.v1.engine.async_llm", "AsyncLLM.engine_core", "conversation releases bypass AsyncLLM.abort"),
+    VllmName("vllm.v1.engine.async_llm", "AsyncLLM.output_processor", "stop-string ends are marked as finishes"),
+    VllmName("vllm.v1.engine.output_processor", "OutputProcessor.process_outputs",
+             "wrapped: its stop-string aborts carry marsched-stopped ids"),
+    VllmName("vllm.v1.engine.output_processor", "OutputProcessorOutput.reqs_to_abort",
+             "the requests a stop string ended, which the API server aborts in the engine core"),
     VllmName("vllm.v1.engine.core_client", "EngineCoreClient.abort_requests_async", "send a release id",
              ("request_ids",)),
     VllmName("vllm.config", "VllmConfig.additional_config", "the marsched configuration"),
