@@ -210,9 +210,12 @@ def test_live_metrics_follow_the_scheduler(server):
             break
     assert busiest[("marsched_running_requests", ())] >= 1, "never saw a running request"
     assert busiest[("marsched_device_free_blocks", ())] < total
+    assert idle[("marsched_predicted_memory_time_in_flight", ())] == 0
+    assert busiest[("marsched_predicted_memory_time_in_flight", ())] > 0  # the running requests' keys
     wait_idle(server)
     after = live_samples(server)
     assert after[("marsched_running_requests", ())] == 0 and after[("marsched_device_free_blocks", ())] == total
+    assert after[("marsched_predicted_memory_time_in_flight", ())] == 0
 
 
 @pytest.mark.vllm

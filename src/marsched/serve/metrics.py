@@ -40,6 +40,9 @@ GAUGES = (
     ("marsched_running_requests", "running", "Requests in the running batch."),
     ("marsched_device_free_blocks", "device_free_blocks", "Free KV blocks on the device."),
     ("marsched_device_total_blocks", "device_total_blocks", "KV blocks on the device (the null block excluded)."),
+    ("marsched_predicted_memory_time_in_flight", "memory_time_in_flight",
+     "Predicted KV memory x time (token-seconds) the requests in the engine will still hold: the MARS "
+     "ranking key summed over them, a load signal for a router (recomputed every 0.5 s or less often)."),
 )
 COUNTERS = (
     ("marsched_promotions_total", "promotions", "Requests promoted by starvation prevention."),

@@ -82,6 +82,7 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         self._swap_inflight: dict[str, tuple[Any, int]] = {}
         self._changed: set[str] = set()  # requests whose info changed since the last publication
         self._published_t = -math.inf
+        self._memory_time = (-math.inf, 0, 0.0)  # (next due, requests tracked, value): `_memory_time_in_flight`
         self._failed: dict[str, Request] = {}  # a fault of ours: ended with an error at the next step
         self._error_outputs: list[Request] = []  # ended with an error: told to the client at this step's output
         assert not self.waiting, "the waiting queue is replaced before any request arrives"

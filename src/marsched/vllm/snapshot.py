@@ -15,6 +15,7 @@ from marsched.policy import Strategy
 from marsched.vllm.kv_swap import SwapMeta
 
 PUBLISH_EVERY_S = 0.5  # the engine-wide counters (blocks, queue lengths) go stale at most this long
+MEMORY_TIME_SHARE = 0.01  # the most of the scheduler's time the memory × time gauge may take
 
 
 class Inspection:
@@ -56,6 +57,7 @@ class Inspection:
             "policy": self.mars_policy.name,
             "retention": self._retention.name,
             "promotions": self.lifecycle.promotions,
+            "memory_time_in_flight": self._memory_time_in_flight(),
             **self._paused_by_strategy(),
             **self._keeper.snapshot(),
         }
@@ -69,6 +71,25 @@ class Inspection:
                     found["blocks"] = sum(len(i) for i in self.kv_cache_manager.get_block_ids(internal))
             state["request"] = found
         return state
+
+    def _memory_time_in_flight(self) -> float:
+        """The predicted KV memory × time (token-seconds) that the tracked requests will still
+        hold: the MARS ranking key (`Policy.memory_time`) summed, a load signal for a router.
+        It is O(tracked): recomputed when the engine becomes empty or stops being empty, else at
+        most every PUBLISH_EVERY_S, or MEMORY_TIME_SHARE's inverse times its own cost if longer."""
+        now = time.monotonic()
+        count = len(self._tracked)
+        next_t, computed_count, value = self._memory_time
+        if now < next_t and (count == 0) == (computed_count == 0):
+            return value
+        load = self._load()
+        value = 0.0
+        for tracked in self._tracked.values():
+            if tracked.progress.predictions:  # predicted at its arrival; not yet if it just came
+                value += self.mars_policy.memory_time(tracked.progress, load)
+        took_s = time.monotonic() - now
+        self._memory_time = (now + max(PUBLISH_EVERY_S, took_s / MEMORY_TIME_SHARE), count, value)
+        return value
 
     def _paused_by_strategy(self) -> dict[str, int]:
         counts = {f"paused_{s.value}": 0 for s in Strategy}
