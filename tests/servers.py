@@ -194,6 +194,9 @@ async def nap(args):
 '''
 CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["paris", "oslo"]}},
         "required": ["city"], "additionalProperties": False}
+# A client-side tool (no server registers it): the conversations' tool turns call it.
+WEATHER = {"type": "function", "function": {"name": "get_weather", "description": "the weather in a city",
+                                            "parameters": CITY}}
 EXPRESSION = {"type": "object", "properties": {"expression": {"type": "string", "enum": ["6*7"]}},
               "required": ["expression"], "additionalProperties": False}
 TOOLS_MODULE_NAME = "srv_tools_fixture"

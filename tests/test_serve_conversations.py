@@ -20,15 +20,11 @@ import pytest
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from servers import CHAT_RETENTION_LIMIT_S, Server  # noqa: E402
+from servers import CHAT_RETENTION_LIMIT_S, WEATHER, Server  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 LIMIT_S = CHAT_RETENTION_LIMIT_S  # the chat server's retention limit
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "the weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["paris", "oslo"]}},
-                   "required": ["city"], "additionalProperties": False}}}
 QUESTION = " ".join(["search the web for the weather in paris today and call the calculator api"] * 6)
 
 

@@ -57,7 +57,8 @@ def served(tmp_path_factory):
     port = free_port("127.0.0.1")
     log = folder / "serve.log"
     command = [sys.executable, "-m", "marsched.cli", "serve", str(folder / "model"), "--port", str(port),
-               "--cpu-kv-cache-gib", "1", "--trace-out", str(folder / "trace.jsonl"), "--", "--enforce-eager", "--max-model-len", "1024",
+               "--cpu-kv-cache-gib", "1", "--trace-out", str(folder / "trace.jsonl"),
+               "--", "--enforce-eager", "--max-model-len", "1024",
                "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
                # JSON without whitespace, which a random model would otherwise write until max_tokens
                "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
@@ -73,8 +74,8 @@ def served(tmp_path_factory):
         while "marsched serve: listening on" not in log.read_text():
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
-        yield Served(str(folder / "model"), openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none",
-                                                          max_retries=0, timeout=120), process, folder / "trace.jsonl")
+        client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
+        yield Served(str(folder / "model"), client, process, folder / "trace.jsonl")
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)

@@ -22,13 +22,11 @@ import pytest
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
+from servers import WEATHER  # noqa: E402
+
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 ROUTER = shutil.which("vllm-router", path=os.path.dirname(sys.executable))
-WEATHER = {"type": "function", "function": {
-    "name": "get_weather", "description": "the weather in a city",
-    "parameters": {"type": "object", "properties": {"city": {"type": "string", "enum": ["paris", "oslo"]}},
-                   "required": ["city"], "additionalProperties": False}}}
 QUESTION = " ".join(["what is the weather in paris today, and should I take an umbrella"] * 4)
 
 

@@ -38,7 +38,8 @@ class ConversationSteps:
         finished: list[Request] = []
         if stopped and finished_status == RequestStatus.FINISHED_ABORTED:
             # The front end ended these on a stop string (`stop_strings.py`): they finished.
-            finished = super().finish_requests([rid for rid in ids if rid in stopped], RequestStatus.FINISHED_STOPPED)
+            ended = [rid for rid in ids if rid in stopped]
+            finished = super().finish_requests(ended, RequestStatus.FINISHED_STOPPED)
             ids = [rid for rid in ids if rid not in stopped]
         return finished + super().finish_requests(ids, finished_status)
 

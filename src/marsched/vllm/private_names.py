@@ -49,7 +49,8 @@ NAMES: tuple[VllmName, ...] = (
              ("request", "timestamp", "drop_stale_output")),
     VllmName(_SCHED, "Scheduler._free_request", "override: keep a conversation turn's KV before vLLM frees it",
              ("request", "delay_free_blocks")),
-    VllmName(_SCHED, "Scheduler.finish_requests", "override and call: aborts carry conversation releases and stop-string ends; "
+    VllmName(_SCHED, "Scheduler.finish_requests",
+             "override and call: aborts carry conversation releases and stop-string ends; "
              "end a faulted request with FINISHED_ERROR", ("request_ids", "finished_status")),
     VllmName(_SCHED, "Scheduler.has_requests", "override: keep stepping while a swap-out or an expiry is due"),
     VllmName(_SCHED, "Scheduler.shutdown", "override: close the event trace and the kept conversations"),
