@@ -59,6 +59,16 @@ def test_cpu_environment_defaults_and_flags():
         ("3", "0-1", "1")
 
 
+def test_reserved_cores_are_stock_vllms_unless_given():
+    """With a KV connector vLLM reserves a core more; serve reserves what stock vLLM does."""
+    assert vllm_environment(ServeOptions("m"), environ={})["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "1"
+    env = vllm_environment(ServeOptions("m", vllm_args=("-tp", "2", "--pipeline-parallel-size=2")), environ={})
+    assert env["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "4"
+    assert vllm_environment(ServeOptions("m"), environ={"VLLM_CPU_NUM_OF_RESERVED_CPU": "0"}
+                            )["VLLM_CPU_NUM_OF_RESERVED_CPU"] == "0"  # the user's
+    assert "VLLM_CPU_NUM_OF_RESERVED_CPU" not in vllm_environment(ServeOptions("m", swap=False), environ={})
+
+
 def test_the_cli_imports_without_vllm_and_serve_says_what_to_install():
     code = ("import sys; sys.modules['vllm'] = None\n"
             "import marsched.cli, marsched.serve\n"

