@@ -296,6 +296,18 @@ def test_a_request_finished_twice_is_caught(tmp_path):
     only(audit_events(tmp_path / "t.jsonl", events), Check.LIFECYCLE, "finished twice")
 
 
+def test_two_engines_writing_one_trace_are_caught_and_a_restart_is_not(tmp_path):
+    """Data-parallel ranks given one trace path interleave their runs; a restarted engine appends
+    its run after the last one's end."""
+    first = simulate(tmp_path / "a.jsonl", make_policy("mars", COST))
+    second = [{**e, "rid": f"b-{e['rid']}"} if "rid" in e else e
+              for e in simulate(tmp_path / "b.jsonl", make_policy("mars", COST))]
+    assert audit_events(tmp_path / "restart.jsonl", first + second).clean
+    interleaved = [first[0], second[0], *first[1:], *second[1:]]
+    only(audit_events(tmp_path / "mixed.jsonl", interleaved), Check.LIFECYCLE,
+         "a run starts at line 2 while the run of line 1 has not ended: two engines wrote this trace")
+
+
 def test_memory_over_capacity_and_held_at_the_end_are_caught(tmp_path):
     events = simulate(tmp_path / "clean.jsonl", make_policy("mars", COST))
     next(e for e in events if e["event"] == "schedule")["kv_device_blocks"] = 21

@@ -59,7 +59,7 @@ def audit_trace(path: str | os.PathLike[str], policy: str | None = None) -> Audi
                          f"the trace declares policy '{rules.declared_policy}', audited as '{policy}'",
                          (run.number,)))
     model = QueueModel(rules.starvation)
-    lifecycle, memory = Lifecycle(report), Memory(report, rules)
+    lifecycle, memory = Lifecycle(report, run), Memory(report, rules)
     protection = ProtectionRule(report, rules, model)
     checks = [StrategyRules(report, rules), StarvationRule(report, rules, model), protection]
     if rules.order_checked:
@@ -75,7 +75,11 @@ def audit_trace(path: str | os.PathLike[str], policy: str | None = None) -> Audi
         events += 1
         last = line
         event = line.event
-        if "rid" in event and event["event"] not in ("run", "end", "schedule"):
+        if event["event"] == "run":
+            lifecycle.on_run(line)
+        elif event["event"] == "end":
+            lifecycle.on_end(line)
+        elif "rid" in event and event["event"] != "schedule":
             lifecycle.on_request_event(line)
         memory.on_event(line)
         for handler in handlers.get(event["event"], ()):

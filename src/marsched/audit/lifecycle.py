@@ -1,4 +1,5 @@
-"""No request is lost, none arrives or finishes twice, and none has events outside its life."""
+"""No request is lost, none arrives or finishes twice, and none has events outside its life; one
+engine at a time writes the trace (a run starts only after the one before it ended)."""
 
 from __future__ import annotations
 
@@ -16,9 +17,23 @@ class _Life:
 
 
 class Lifecycle:
-    def __init__(self, report) -> None:
+    def __init__(self, report, run: Line) -> None:
         self.report = report
         self.lives: dict[str, _Life] = {}
+        self.open_run: Line | None = run  # the run that has not ended yet
+
+    def on_run(self, line: Line) -> None:
+        """A restarted engine appends its run after the last one's `end`; a run that starts before
+        it is a second engine writing the same file (data-parallel ranks, two servers)."""
+        if self.open_run is not None:
+            self.report(Violation(Check.LIFECYCLE, None, line.event["t"],
+                                  f"a run starts at line {line.number} while the run of line {self.open_run.number} "
+                                  "has not ended: two engines wrote this trace (give each its own file)",
+                                  (self.open_run.number, line.number)))
+        self.open_run = line
+
+    def on_end(self, line: Line) -> None:
+        self.open_run = None
 
     def on_request_event(self, line: Line) -> None:
         event = line.event

@@ -224,6 +224,8 @@ NAMES: tuple[VllmName, ...] = (
              ("request_ids",)),
     VllmName("vllm.config", "VllmConfig.additional_config", "the marsched configuration"),
     VllmName("vllm.config", "VllmConfig.cache_config", "block size and count"),
+    VllmName("vllm.config", "VllmConfig.parallel_config", "the data-parallel rank"),
+    VllmName("vllm.config", "ParallelConfig.data_parallel_index", "each data-parallel rank writes its own trace"),
     VllmName("vllm.config", "VllmConfig.scheduler_config", "bench: max_num_seqs, max_num_batched_tokens"),
     VllmName("vllm.config", "VllmConfig.model_config", "bench: max model length"),
     VllmName("vllm.config", "CacheConfig.block_size", "tokens per block"),

@@ -55,5 +55,15 @@ class LiveTrace(EventTrace):
     abort = close
 
 
-def open_trace(path: str | None) -> EventTrace:
-    return LiveTrace(path) if path else EventTrace()
+def open_trace(path: str | None, data_parallel_rank: int = 0) -> EventTrace:
+    """The trace at `path`, or rank r's own file beside it under data parallelism (`rank_path`)."""
+    return LiveTrace(rank_path(path, data_parallel_rank)) if path else EventTrace()
+
+
+def rank_path(path: str, data_parallel_rank: int) -> str:
+    """Rank 0 writes `path`; rank r > 0 `<stem>.rank<r><suffix>` beside it (`trace.jsonl`:
+    `trace.rank1.jsonl`): each engine core has a trace of its own, which the audit checks alone."""
+    if data_parallel_rank == 0:
+        return path
+    given = Path(path)
+    return str(given.with_name(f"{given.stem}.rank{data_parallel_rank}{given.suffix}"))
