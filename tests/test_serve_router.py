@@ -76,6 +76,7 @@ def _meta(**fields) -> dict:
 
 def test_a_conversation_stays_on_its_replica_and_reuses_its_kv(router):
     url, replicas = router
+    model = next(iter(replicas.values())).model  # both serve the same model
     before = {u: s.state()["scheduler"]["retention_hits"] for u, s in replicas.items()}
     conversations: dict[str, list[str]] = {u: [] for u in replicas}
     for index in range(16):  # until both replicas have had a conversation (the hash decides which)
@@ -86,14 +87,14 @@ def test_a_conversation_stays_on_its_replica_and_reuses_its_kv(router):
                            default_headers={"X-Session-ID": session}) as client:
             messages = [{"role": "user", "content": f"{session} {QUESTION}"}]
             first = client.chat.completions.create(
-                model=replicas[next(iter(replicas))].model, messages=messages, tools=[WEATHER], temperature=0,
+                model=model, messages=messages, tools=[WEATHER], temperature=0,
                 max_tokens=40, tool_choice={"type": "function", "function": {"name": "get_weather"}},
                 extra_body=_meta(conversation=session, strategy="preserve", rid=f"{session}-t1"))
             call = first.choices[0].message.tool_calls[0]
             messages += [first.choices[0].message.model_dump(exclude_none=True),
                          {"role": "tool", "tool_call_id": call.id, "content": "rain, 12 degrees"}]
             client.chat.completions.create(
-                model=replicas[next(iter(replicas))].model, messages=messages, temperature=0, max_tokens=8,
+                model=model, messages=messages, temperature=0, max_tokens=8,
                 extra_body=_meta(conversation=session, retain=False, rid=f"{session}-t2"))
         first_on, follow_up_on = _served_by(replicas, f"{session}-t1"), _served_by(replicas, f"{session}-t2")
         assert len(first_on) == 1 and follow_up_on == first_on, (session, first_on, follow_up_on)

@@ -3,7 +3,8 @@ tests/test_serve_conversations.py runs them on a live server."""
 
 from dataclasses import dataclass, field
 
-from marsched.vllm.stop_strings import STOPPED_PREFIX, mark_stop_string_ends, split_stopped
+from marsched.vllm.retention import RELEASE_PREFIX
+from marsched.vllm.stop_strings import STOPPED_PREFIX, mark_stop_string_ends, split_marked
 
 
 @dataclass
@@ -37,6 +38,9 @@ def test_an_engine_client_without_an_output_processor_is_left_alone():
 
 
 def test_split_takes_the_marks_out_and_names_their_requests():
-    ids, stopped = split_stopped(["a", STOPPED_PREFIX + "a", "c", STOPPED_PREFIX + "gone"])
-    assert ids == ["a", "c"] and stopped == {"a", "gone"}
-    assert split_stopped(["a"]) == (["a"], set())
+    ids, stopped = split_marked(["a", STOPPED_PREFIX + "a", "c", STOPPED_PREFIX + "gone"], STOPPED_PREFIX)
+    assert ids == ["a", "c"] and stopped == ["a", "gone"]
+    assert split_marked(["a"], STOPPED_PREFIX) == (["a"], [])
+    # A release mark is left for its own split, and the other way round.
+    message = ["a", RELEASE_PREFIX + "chat-1", STOPPED_PREFIX + "a"]
+    assert split_marked(message, RELEASE_PREFIX) == (["a", STOPPED_PREFIX + "a"], ["chat-1"])

@@ -69,17 +69,15 @@ def audit_trace(path: str | os.PathLike[str], policy: str | None = None) -> Audi
         for name in dir(check):
             if name.startswith("on_"):
                 handlers.setdefault(name[3:], []).append(getattr(check, name))
+    handlers.setdefault("run", []).append(lifecycle.on_run)  # one engine at a time writes the file
+    handlers.setdefault("end", []).append(lifecycle.on_end)
     events, last = 1, run
     memory.on_event(run)
     for line in lines:
         events += 1
         last = line
         event = line.event
-        if event["event"] == "run":
-            lifecycle.on_run(line)
-        elif event["event"] == "end":
-            lifecycle.on_end(line)
-        elif "rid" in event and event["event"] != "schedule":
+        if "rid" in event and event["event"] not in ("run", "end", "schedule"):
             lifecycle.on_request_event(line)
         memory.on_event(line)
         for handler in handlers.get(event["event"], ()):

@@ -17,7 +17,7 @@ from vllm.v1.request import Request, RequestStatus
 from marsched.policy import Strategy
 from marsched.vllm.retention import RELEASE_PREFIX
 from marsched.vllm.signals import wake_engine
-from marsched.vllm.stop_strings import split_stopped
+from marsched.vllm.stop_strings import STOPPED_PREFIX, split_marked
 from marsched.vllm.tracked import Tracked
 
 
@@ -31,16 +31,16 @@ class ConversationSteps:
         if request_ids is None:
             return super().finish_requests(request_ids, finished_status)
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
-        releases = [rid for rid in ids if rid.startswith(RELEASE_PREFIX)]
-        for rid in releases:
-            self._keeper.release(rid[len(RELEASE_PREFIX):])
-        ids, stopped = split_stopped([rid for rid in ids if not rid.startswith(RELEASE_PREFIX)])
+        ids, released = split_marked(ids, RELEASE_PREFIX)
+        for conversation in released:
+            self._keeper.release(conversation)
+        ids, stopped = split_marked(ids, STOPPED_PREFIX)
         finished: list[Request] = []
         if stopped and finished_status == RequestStatus.FINISHED_ABORTED:
             # The front end ended these on a stop string (`stop_strings.py`): they finished.
-            ended = [rid for rid in ids if rid in stopped]
-            finished = super().finish_requests(ended, RequestStatus.FINISHED_STOPPED)
-            ids = [rid for rid in ids if rid not in stopped]
+            ended = set(stopped)
+            finished = super().finish_requests([rid for rid in ids if rid in ended], RequestStatus.FINISHED_STOPPED)
+            ids = [rid for rid in ids if rid not in ended]
         return finished + super().finish_requests(ids, finished_status)
 
     def _keeps_turn(self, request: Request, tracked: Tracked | None) -> bool:

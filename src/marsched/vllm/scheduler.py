@@ -71,8 +71,7 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
             wake_engine_on_shutdown_signals(input_queue)
         self.mars_config = MarsConfig.from_vllm_config(self.vllm_config)
         self.mars_policy = self.mars_config.build_policy(token_budget=self.max_num_scheduled_tokens)
-        self.mars_trace = open_trace(self.mars_config.trace_path,
-                                     getattr(self.vllm_config.parallel_config, "data_parallel_index", 0) or 0)
+        self.mars_trace = open_trace(self.mars_config.trace_path, self.vllm_config.parallel_config.data_parallel_index)
         self._iteration = 0
         self.tau = IterationTime(self.mars_policy.cost)
         self._running_kv: int | None = None

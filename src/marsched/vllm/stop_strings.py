@@ -37,7 +37,9 @@ def mark_stop_string_ends(engine_client: Any) -> bool:
     return True
 
 
-def split_stopped(request_ids: list[str]) -> tuple[list[str], set[str]]:
-    """An abort message's ids without the `STOPPED_PREFIX` marks, and the ids those marks name."""
-    stopped = {rid[len(STOPPED_PREFIX):] for rid in request_ids if rid.startswith(STOPPED_PREFIX)}
-    return [rid for rid in request_ids if not rid.startswith(STOPPED_PREFIX)], stopped
+def split_marked(request_ids: list[str], prefix: str) -> tuple[list[str], list[str]]:
+    """An abort message's ids without those that start with `prefix`, and what follows the prefix
+    in those, in order. vLLM's abort path carries two kinds of marks besides request ids: this
+    module's `STOPPED_PREFIX` and the conversation releases' `retention.RELEASE_PREFIX`."""
+    return ([rid for rid in request_ids if not rid.startswith(prefix)],
+            [rid[len(prefix):] for rid in request_ids if rid.startswith(prefix)])
