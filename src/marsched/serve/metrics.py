@@ -2,16 +2,18 @@
 
 Loaded into vLLM's API server with `--middleware marsched.serve.metrics.MarsMetricsMiddleware`
 (an ASGI middleware, like `state.py`). On `GET /metrics` it lets vLLM answer, keeps vLLM's
-text, asks the workers for `mars_state` (`state.ask_workers`, the same question
+text, asks every rank's workers for `mars_state` (`state.ask_ranks`, the same question
 `/marsched/state` asks) and appends the `marsched_*` families below, rendered by
 prometheus_client from a fresh registry so that names, types and escaping are its own.
+Every series has a `rank` label: the data-parallel rank (vLLM's `engine` label), 0 without
+data parallelism.
 
 vLLM is asked for the plain text format (the scrape's `Accept` and `Accept-Encoding` are
 not passed on): the OpenMetrics format ends with `# EOF` and a gzipped body cannot be
 appended to. An answer that is not a plain-text 200 is passed on untouched.
 
 When the engine does not answer within METRICS_TIMEOUT_S, the scrape still gets vLLM's
-metrics, plus `marsched_state_up 0`, so a slow engine costs one scrape's marsched part,
+metrics, plus `marsched_state_up 0` for each rank, so a slow engine costs one scrape's marsched part,
 not the scrape.
 
 Keys the scheduler does not report (the retention counters before conversation KV
@@ -28,7 +30,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
-from marsched.serve.state import EngineUnavailable, ask_workers
+from marsched.serve.state import EngineUnavailable, ask_ranks, rank_count
 
 PATHS = ("/metrics", "/metrics/")  # vLLM mounts its exporter at ^/metrics(.*)$
 METRICS_TIMEOUT_S = 3.0  # well under Prometheus's default 10 s scrape timeout
@@ -89,33 +91,43 @@ class MarsSnapshot:
 
 
 class MarsCollector:
-    """A prometheus_client collector over one snapshot (a fresh one per scrape)."""
+    """A prometheus_client collector over one snapshot per rank (fresh ones per scrape)."""
 
-    def __init__(self, snapshot: MarsSnapshot) -> None:
-        self.snapshot = snapshot
+    def __init__(self, snapshots: list[MarsSnapshot]) -> None:
+        self.snapshots = snapshots
 
     def collect(self) -> Iterator[Metric]:
-        snap = self.snapshot
-        yield GaugeMetricFamily("marsched_state_up", "1 if the MARS scheduler answered this scrape, else 0.",
-                                value=1.0 if snap.answered else 0.0)
-        if not snap.answered:
+        ranks = [(str(rank), snap) for rank, snap in enumerate(self.snapshots)]
+        up = GaugeMetricFamily("marsched_state_up", "1 if the MARS scheduler answered this scrape, else 0.",
+                               labels=["rank"])
+        for rank, snap in ranks:
+            up.add_metric([rank], 1.0 if snap.answered else 0.0)
+        yield up
+        ranks = [(rank, snap) for rank, snap in ranks if snap.answered]
+        if not ranks:
             return
-        yield GaugeMetricFamily("marsched_host_kv_bytes", "Bytes of KV the Swap connector holds in host memory.",
-                                value=float(snap.host_bytes))
-        for name, key, help_text in GAUGES:
-            yield GaugeMetricFamily(name, help_text, value=snap.number(key))
-        for name, key, help_text in COUNTERS:
-            yield CounterMetricFamily(name, help_text, value=snap.number(key))
+        family = GaugeMetricFamily("marsched_host_kv_bytes", "Bytes of KV the Swap connector holds in host memory.",
+                                   labels=["rank"])
+        for rank, snap in ranks:
+            family.add_metric([rank], float(snap.host_bytes))
+        yield family
+        for kind, table in ((GaugeMetricFamily, GAUGES), (CounterMetricFamily, COUNTERS)):
+            for name, key, help_text in table:
+                family = kind(name, help_text, labels=["rank"])
+                for rank, snap in ranks:
+                    family.add_metric([rank], snap.number(key))
+                yield family
         for name, help_text, keys in BY_STRATEGY:
-            family = GaugeMetricFamily(name, help_text, labels=["strategy"])
-            for strategy, key in keys.items():
-                family.add_metric([strategy], snap.number(key))
+            family = GaugeMetricFamily(name, help_text, labels=["rank", "strategy"])
+            for rank, snap in ranks:
+                for strategy, key in keys.items():
+                    family.add_metric([rank, strategy], snap.number(key))
             yield family
 
 
-def render(snapshot: MarsSnapshot) -> bytes:
+def render(snapshots: list[MarsSnapshot]) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(MarsCollector(snapshot))
+    registry.register(MarsCollector(snapshots))
     return generate_latest(registry)
 
 
@@ -134,10 +146,10 @@ class MarsMetricsMiddleware:
             await answer.replay(send)
             return
         try:
-            workers = await ask_workers(scope, timeout_s=METRICS_TIMEOUT_S)
+            snapshots = [MarsSnapshot.from_workers(w) for w in await ask_ranks(scope, timeout_s=METRICS_TIMEOUT_S)]
         except EngineUnavailable:
-            workers = None
-        await answer.replay(send, render(MarsSnapshot.from_workers(workers)))
+            snapshots = [MarsSnapshot(answered=False)] * rank_count(scope)
+        await answer.replay(send, render(snapshots))
 
 
 class _CapturedAnswer:

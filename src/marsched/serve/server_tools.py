@@ -41,6 +41,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
+from marsched.serve.asgi_body import read_body, replay_body
 from marsched.serve.tool_config import ENV, ToolsConfig, load_tools_config
 from marsched.vllm.retention import send_release
 from marsched.vllm.tools import ToolError
@@ -104,12 +105,12 @@ class ServerToolsMiddleware:
         if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != PATH:
             await self.app(scope, receive, send)
             return
-        raw = await _read_body(receive)
+        raw = await read_body(receive)
         if raw is None:  # the client left before its body arrived
             return
         loop = self._loop(raw)
         if loop is None:
-            await self.app(scope, _replay(raw, receive), send)
+            await self.app(scope, replay_body(raw, receive), send)
             return
         problem = _unsupported(loop.body)
         if problem:
@@ -354,31 +355,6 @@ async def _release(scope: dict[str, Any], conversation: str) -> None:
     except Exception as error:  # noqa: BLE001 - a failed release must not fail the answer
         logger.warning("marsched: could not release conversation %s: %s: %s", conversation,
                        type(error).__name__, error)
-
-
-async def _read_body(receive: Any) -> bytes | None:
-    chunks = []
-    while True:
-        message = await receive()
-        if message["type"] == "http.disconnect":
-            return None
-        chunks.append(message.get("body", b""))
-        if not message.get("more_body"):
-            return b"".join(chunks)
-
-
-def _replay(raw: bytes, receive: Any) -> Any:
-    """A receive that gives the body read already, then the client's own messages (its disconnect)."""
-    sent = False
-
-    async def replay() -> dict[str, Any]:
-        nonlocal sent
-        if not sent:
-            sent = True
-            return {"type": "http.request", "body": raw, "more_body": False}
-        return await receive()
-
-    return replay
 
 
 async def _watch(receive: Any, disconnected: asyncio.Event) -> None:

@@ -3,7 +3,7 @@
 Loaded into vLLM's API server with `--middleware marsched.serve.state.MarsStateMiddleware`
 (an ASGI middleware; vLLM's app keeps its engine client in `app.state.engine_client`).
 It asks the workers' `MarsWorkerExtension.mars_state` (`collective_rpc`, through
-`ask_workers`, which `metrics.py` shares) and answers with its JSON: `host_bytes` (KV
+`ask_ranks`, which `metrics.py` shares) and answers with its JSON: `host_bytes` (KV
 the Swap connector holds in host memory), `swap_stats`, and under `scheduler`:
 `device_total_blocks`, `device_free_blocks`, `device_usage`, `host_tokens`, `running`,
 `waiting`, `paused` (and `paused_preserve|discard|swap`, by strategy), `tracked`,
@@ -12,6 +12,9 @@ between turns: `retained_preserve`, `retained_swap`, `retained_device_blocks`,
 `retained_host_tokens`, `retention_hits`, `retention_misses`, `retention_expired`,
 `retention_released`, `retention_reused_tokens`.
 `?request_id=ID` adds that request's predictions, strategies and status (`request`).
+Under vLLM's data parallelism every rank answers: `{"data_parallel_size": N, "ranks": [...]}`,
+one such state per rank, with its `rank`, and `affinity`, where this front end places
+conversations (`affinity.py`).
 
 `DELETE /marsched/conversations/ID` frees what the server keeps of conversation ID
 between its turns (`marsched.vllm.retention`), for a client that will not send the next
@@ -52,29 +55,53 @@ class MarsStateMiddleware:
         query = parse_qs(scope.get("query_string", b"").decode("latin-1"))
         request_id = (query.get("request_id") or [None])[0]
         try:
-            results = await ask_workers(scope, request_id)
+            ranks = await ask_ranks(scope, request_id)
         except EngineUnavailable as error:
             await _answer(send, 503, {"error": str(error)})
             return
-        await _answer(send, 200, results[0] if len(results) == 1 else {"workers": results})
+        if len(ranks) == 1:
+            await _answer(send, 200, _rank_state(ranks[0]))
+            return
+        from marsched.serve.affinity import router_of
+
+        router = router_of(scope)
+        await _answer(send, 200, {"data_parallel_size": len(ranks),
+                                  "ranks": [{"rank": rank, **_rank_state(workers)} for rank, workers in enumerate(ranks)],
+                                  "affinity": router.state() if router is not None else None})
+
+
+def _rank_state(workers: list[dict[str, Any]]) -> dict[str, Any]:
+    return workers[0] if len(workers) == 1 else {"workers": workers}
 
 
 class EngineUnavailable(Exception):
     """The engine is not ready, or did not answer within TIMEOUT_S."""
 
 
-async def ask_workers(scope: dict[str, Any], request_id: str | None = None,
-                      timeout_s: float = TIMEOUT_S) -> list[dict[str, Any]]:
-    """Every worker's `mars_state` (one per tensor-parallel rank), for any middleware of vLLM's app.
+def rank_count(scope: dict[str, Any]) -> int:
+    """The data-parallel ranks the app's engine client drives (1 without data parallelism)."""
+    engine = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
+    return max(len(getattr(getattr(engine, "engine_core", None), "core_engines", ()) or ()), 1)
+
+
+async def ask_ranks(scope: dict[str, Any], request_id: str | None = None,
+                    timeout_s: float = TIMEOUT_S) -> list[list[dict[str, Any]]]:
+    """Each data-parallel rank's workers' `mars_state` (one per tensor-parallel rank), in rank
+    order, for any middleware of vLLM's app; one rank without data parallelism.
 
     vLLM's app keeps its engine client in `app.state.engine_client`; Starlette puts the app
-    in `scope["app"]`. Raises EngineUnavailable with the reason.
+    in `scope["app"]`. `AsyncLLM.collective_rpc` asks the first rank alone under data
+    parallelism, so every rank's engine core is asked through vLLM's utility call to each
+    (`call_utility_all_async`, in rank order). Raises EngineUnavailable with the reason.
     """
     engine = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
     if engine is None:
         raise EngineUnavailable("the engine is not ready")
     try:
-        return list(await asyncio.wait_for(engine.collective_rpc("mars_state", args=(request_id,)), timeout_s))
+        if rank_count(scope) > 1:
+            asked = engine.engine_core.call_utility_all_async("collective_rpc", "mars_state", None, (request_id,), None)
+            return [list(workers) for workers in await asyncio.wait_for(asked, timeout_s)]
+        return [list(await asyncio.wait_for(engine.collective_rpc("mars_state", args=(request_id,)), timeout_s))]
     except Exception as error:  # noqa: BLE001 - a dead or busy engine is an answer, not a crash
         raise EngineUnavailable(f"engine did not answer: {type(error).__name__}: {error}") from error
 
@@ -93,6 +120,11 @@ async def _release(scope: dict[str, Any], send: Any, conversation: str) -> None:
     if engine is None:
         await _answer(send, 503, {"error": "the engine is not ready"})
         return
+    from marsched.serve.affinity import router_of
+
+    router = router_of(scope)
+    if router is not None:
+        router.forget(conversation)
     try:
         await asyncio.wait_for(send_release(engine, conversation), TIMEOUT_S)
     except Exception as error:  # noqa: BLE001

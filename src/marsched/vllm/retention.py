@@ -67,8 +67,13 @@ async def send_release(engine_client: Any, conversation: str) -> None:
     """From the API server: free what the engine keeps of `conversation`, before its next step.
 
     `AsyncLLM.abort` drops ids its front end does not know, so the release goes to the engine
-    core's client directly (`engine_client.engine_core`)."""
-    await engine_client.engine_core.abort_requests_async([RELEASE_PREFIX + conversation])
+    core's client directly (`engine_client.engine_core`). Under data parallelism that client
+    too drops ids it did not place, so the release is sent to every rank's engine core
+    (`_abort_requests`, one message each): only the rank that keeps the conversation has
+    anything to free."""
+    from marsched.vllm.abort_routing import send_to_every_rank
+
+    await send_to_every_rank(engine_client.engine_core, [RELEASE_PREFIX + conversation])
 
 
 def common_prefix(a: list[int], b: list[int]) -> int:

@@ -6,12 +6,15 @@ disconnect takes: the scheduler sees `FINISHED_ABORTED` either way, and a conver
 that ended on a stop string would never keep its KV. In the API server, `mark_stop_string_ends`
 makes each such abort carry a second id, `marsched-stopped:<request id>`, in the same message;
 `MarsScheduler.finish_requests` finishes those requests as stopped (`conversation_steps.py`).
-A client's abort does not pass through the output processor, so it stays an abort.
+A client's abort does not pass through the output processor, so it stays an abort. Under data
+parallelism each mark goes with its request to the request's rank (`abort_routing.py`).
 """
 
 from __future__ import annotations
 
 from typing import Any
+
+from marsched.vllm.abort_routing import route_marks_with_their_requests
 
 STOPPED_PREFIX = "marsched-stopped:"
 _MARK = "_marsched_marks_stop_strings"
@@ -34,6 +37,7 @@ def mark_stop_string_ends(engine_client: Any) -> bool:
 
     processor.process_outputs = marking_process_outputs
     setattr(processor, _MARK, True)
+    route_marks_with_their_requests(getattr(engine_client, "engine_core", None), STOPPED_PREFIX)
     return True
 
 
