@@ -7,7 +7,7 @@ import sys
 import pytest
 
 from marsched.serve.launch import (
-    ENTRY, METRICS_MIDDLEWARE, SCHEDULER_CLS, STATE_MIDDLEWARE, STOP_MARKS_MIDDLEWARE, VALIDATOR, ServeOptions,
+    AFFINITY_MIDDLEWARE, ENTRY, METRICS_MIDDLEWARE, SCHEDULER_CLS, STATE_MIDDLEWARE, STOP_MARKS_MIDDLEWARE, VALIDATOR, ServeOptions,
     vllm_command, vllm_environment,
 )
 from marsched.vllm.config import MarsConfig
@@ -27,14 +27,30 @@ def test_the_command_configures_mars_and_passes_the_rest_to_vllm():
     assert command[processors + 1:processors + 4] == [VALIDATOR, "a:B", "c:D"]  # the user's are added to ours
     assert command.count("--logits-processors") == 1
     middlewares = [command[i + 1] for i, arg in enumerate(command) if arg == "--middleware"]
-    assert middlewares == [STOP_MARKS_MIDDLEWARE, STATE_MIDDLEWARE, METRICS_MIDDLEWARE]
+    assert middlewares == [STOP_MARKS_MIDDLEWARE, AFFINITY_MIDDLEWARE, STATE_MIDDLEWARE, METRICS_MIDDLEWARE]
     assert command[-3:] == ["--max-model-len", "512", "--enforce-eager"]  # after ours: they may override
 
 
 def test_switches_leave_parts_out():
     command = vllm_command(ServeOptions("m", swap=False, validate=False, state_endpoint=False))
     assert "--kv-transfer-config" not in command and "--logits-processors" not in command
-    assert command.count("--middleware") == 1 and command[command.index("--middleware") + 1] == STOP_MARKS_MIDDLEWARE
+    assert [command[i + 1] for i, arg in enumerate(command) if arg == "--middleware"] == [
+        STOP_MARKS_MIDDLEWARE, AFFINITY_MIDDLEWARE]
+
+
+def test_data_parallel_gets_one_api_server_and_the_placement_unless_given():
+    """vLLM starts one API server per rank by default; one process must know every conversation's rank."""
+    assert "--api-server-count" not in vllm_command(ServeOptions("m"))
+    command = vllm_command(ServeOptions("m", vllm_args=("--data-parallel-size", "2")))
+    assert command[command.index("--api-server-count") + 1] == "1"
+    assert "--api-server-count" in vllm_command(ServeOptions("m", vllm_args=("--data-parallel-size=2",)))
+    assert "--api-server-count" not in vllm_command(ServeOptions("m", vllm_args=("-dp", "1")))
+    given = vllm_command(ServeOptions("m", vllm_args=("-dp", "2", "--api-server-count", "2")))
+    assert given.count("--api-server-count") == 1 and given[-1] == "2"
+    assert vllm_environment(ServeOptions("m"), environ={})["MARSCHED_DP_PLACEMENT"] == "mars"
+    assert vllm_environment(ServeOptions("m", dp_placement="hash"), environ={})["MARSCHED_DP_PLACEMENT"] == "hash"
+    with pytest.raises(ValueError, match="--dp-placement 'nearest': give one of mars, least-loaded, hash, off"):
+        ServeOptions("m", dp_placement="nearest").check()
 
 
 @pytest.mark.parametrize("args,message", [
@@ -95,7 +111,8 @@ def test_serve_option_errors_name_their_flag(monkeypatch):
                            (("--cpu-kv-cache-gib", "0"), "--cpu-kv-cache-gib 0: give a whole number of GiB >= 1"),
                            (("--retention", "always"), "--retention always --retention-limit-s 60: retention 'always'"),
                            (("--retention", "fixed:0"), "fixed:SECONDS needs a number of seconds > 0"),
-                           (("--retention-limit-s", "0"), "retention limit must be > 0 s")):
+                           (("--retention-limit-s", "0"), "retention limit must be > 0 s"),
+                           (("--dp-placement", "near"), "--dp-placement 'near': give one of mars")):
         run = CliRunner().invoke(app, ["serve", "MODEL", *args])
         assert run.exit_code == 2 and expected in " ".join(run.stderr.split()), (args, run.output)
 

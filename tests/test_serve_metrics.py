@@ -20,6 +20,7 @@ from prometheus_client.parser import text_string_to_metric_families
 
 from marsched.serve.metrics import MarsMetricsMiddleware, MarsSnapshot, render
 
+R0 = (("rank", "0"),)  # every marsched series is labelled with its data-parallel rank
 VLLM_TEXT = b"# HELP vllm:num_requests_running x\n# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running 0.0\n"
 
 
@@ -97,26 +98,26 @@ def test_appends_marsched_families_after_vllms_and_fixes_the_length():
     assert b"accept-encoding" not in names and b"accept" not in names  # vLLM answers plain text
     values = samples(body.decode())
     assert values[("vllm:num_requests_running", ())] == 0
-    assert values[("marsched_state_up", ())] == 1
-    assert values[("marsched_host_kv_bytes", ())] == 4096
-    assert values[("marsched_running_requests", ())] == 2 and values[("marsched_waiting_requests", ())] == 3
-    assert values[("marsched_device_free_blocks", ())] == 10
-    assert values[("marsched_retained_conversations", (("strategy", "preserve"),))] == 4
-    assert values[("marsched_retained_conversations", (("strategy", "swap"),))] == 1
-    assert values[("marsched_paused_requests", (("strategy", "discard"),))] == 1
-    assert values[("marsched_paused_requests", (("strategy", "swap"),))] == 0  # absent key: 0
-    assert values[("marsched_promotions_total", ())] == 7
-    assert values[("marsched_retention_reused_tokens_total", ())] == 1234
+    assert values[("marsched_state_up", R0)] == 1
+    assert values[("marsched_host_kv_bytes", R0)] == 4096
+    assert values[("marsched_running_requests", R0)] == 2 and values[("marsched_waiting_requests", R0)] == 3
+    assert values[("marsched_device_free_blocks", R0)] == 10
+    assert values[("marsched_retained_conversations", R0 + (("strategy", "preserve"),))] == 4
+    assert values[("marsched_retained_conversations", R0 + (("strategy", "swap"),))] == 1
+    assert values[("marsched_paused_requests", R0 + (("strategy", "discard"),))] == 1
+    assert values[("marsched_paused_requests", R0 + (("strategy", "swap"),))] == 0  # absent key: 0
+    assert values[("marsched_promotions_total", R0)] == 7
+    assert values[("marsched_retention_reused_tokens_total", R0)] == 1234
     types = {f.name: f.type for f in text_string_to_metric_families(body.decode())}
     assert types["marsched_retention_hits"] == "counter" and types["marsched_running_requests"] == "gauge"
 
 
 def test_a_scheduler_without_retention_keys_reads_zero():
-    text = render(MarsSnapshot.from_workers([{"host_bytes": 0, "scheduler": {"running": 1}}])).decode()
+    text = render([MarsSnapshot.from_workers([{"host_bytes": 0, "scheduler": {"running": 1}}])]).decode()
     values = samples(text)
-    assert values[("marsched_running_requests", ())] == 1
-    assert values[("marsched_retention_misses_total", ())] == 0
-    assert values[("marsched_retained_conversations", (("strategy", "preserve"),))] == 0
+    assert values[("marsched_running_requests", R0)] == 1
+    assert values[("marsched_retention_misses_total", R0)] == 0
+    assert values[("marsched_retained_conversations", R0 + (("strategy", "preserve"),))] == 0
 
 
 def test_tensor_parallel_workers_add_their_host_bytes():
@@ -130,7 +131,7 @@ def test_an_engine_that_does_not_answer_leaves_vllms_metrics_and_state_up_0(engi
     start, body = scrape(fake_vllm()[0], engine)
     assert start["status"] == 200 and body.startswith(VLLM_TEXT)
     values = samples(body.decode())
-    assert values[("marsched_state_up", ())] == 0
+    assert values[("marsched_state_up", R0)] == 0
     assert not any(name.startswith("marsched_") and name != "marsched_state_up" for name, _ in values)
 
 
@@ -139,7 +140,7 @@ def test_a_slow_engine_costs_the_marsched_part_only(monkeypatch):
     started = time.monotonic()
     _, body = scrape(fake_vllm()[0], FakeEngine([STATE], delay_s=5))
     assert time.monotonic() - started < 2
-    assert samples(body.decode())[("marsched_state_up", ())] == 0
+    assert samples(body.decode())[("marsched_state_up", R0)] == 0
 
 
 @pytest.mark.parametrize("kind", ["gzip", "error", "json", "head", "other-path"])
@@ -173,10 +174,10 @@ def test_live_metrics_follow_the_scheduler(server):
 
     idle = live_samples(server)
     assert any(name == "vllm:kv_cache_usage_perc" for name, _ in idle)  # vLLM's own families are kept
-    assert idle[("marsched_state_up", ())] == 1
-    assert idle[("marsched_running_requests", ())] == 0 and idle[("marsched_waiting_requests", ())] == 0
-    total = idle[("marsched_device_total_blocks", ())]
-    assert total > 0 and idle[("marsched_device_free_blocks", ())] == total
+    assert idle[("marsched_state_up", R0)] == 1
+    assert idle[("marsched_running_requests", R0)] == 0 and idle[("marsched_waiting_requests", R0)] == 0
+    total = idle[("marsched_device_total_blocks", R0)]
+    assert total > 0 and idle[("marsched_device_free_blocks", R0)] == total
     state = server.state()["scheduler"]
     assert state["device_total_blocks"] == total  # the same question /marsched/state asks
 
@@ -199,23 +200,23 @@ def test_live_metrics_follow_the_scheduler(server):
         while any(t.is_alive() for t in threads):
             current = live_samples(server)
             # A scrape the engine did not answer in time has `marsched_state_up 0` and no gauges.
-            if current[("marsched_state_up", ())] == 1 and \
-                    current[("marsched_running_requests", ())] > busiest[("marsched_running_requests", ())]:
+            if current[("marsched_state_up", R0)] == 1 and \
+                    current[("marsched_running_requests", R0)] > busiest[("marsched_running_requests", R0)]:
                 busiest = current
             time.sleep(0.05)
         for thread in threads:
             thread.join()
         assert all(r.status_code == 200 for r in responses), [r.text for r in responses]
-        if busiest[("marsched_running_requests", ())] >= 1:
+        if busiest[("marsched_running_requests", R0)] >= 1:
             break
-    assert busiest[("marsched_running_requests", ())] >= 1, "never saw a running request"
-    assert busiest[("marsched_device_free_blocks", ())] < total
-    assert idle[("marsched_predicted_memory_time_in_flight", ())] == 0
-    assert busiest[("marsched_predicted_memory_time_in_flight", ())] > 0  # the running requests' keys
+    assert busiest[("marsched_running_requests", R0)] >= 1, "never saw a running request"
+    assert busiest[("marsched_device_free_blocks", R0)] < total
+    assert idle[("marsched_predicted_memory_time_in_flight", R0)] == 0
+    assert busiest[("marsched_predicted_memory_time_in_flight", R0)] > 0  # the running requests' keys
     wait_idle(server)
     after = live_samples(server)
-    assert after[("marsched_running_requests", ())] == 0 and after[("marsched_device_free_blocks", ())] == total
-    assert after[("marsched_predicted_memory_time_in_flight", ())] == 0
+    assert after[("marsched_running_requests", R0)] == 0 and after[("marsched_device_free_blocks", R0)] == total
+    assert after[("marsched_predicted_memory_time_in_flight", R0)] == 0
 
 
 @pytest.mark.vllm
@@ -232,11 +233,11 @@ def test_live_retained_conversation_is_counted(server):
     first = turn(conversation="metrics-conv", tool_s=5, strategy="preserve")
     assert first.status_code == 200, first.text
     deadline = time.monotonic() + 10
-    while live_samples(server)[("marsched_retained_conversations", (("strategy", "preserve"),))] < 1:
+    while live_samples(server)[("marsched_retained_conversations", R0 + (("strategy", "preserve"),))] < 1:
         assert time.monotonic() < deadline, "the retained conversation never showed"
         time.sleep(0.1)
-    hits = live_samples(server)[("marsched_retention_hits_total", ())]
+    hits = live_samples(server)[("marsched_retention_hits_total", R0)]
     assert turn(conversation="metrics-conv", tool_s=0, retain=False).status_code == 200
     after = live_samples(server)
-    assert after[("marsched_retention_hits_total", ())] == hits + 1
-    assert after[("marsched_retention_reused_tokens_total", ())] > 0
+    assert after[("marsched_retention_hits_total", R0)] == hits + 1
+    assert after[("marsched_retention_reused_tokens_total", R0)] > 0

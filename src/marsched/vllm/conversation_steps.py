@@ -33,7 +33,8 @@ class ConversationSteps:
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         ids, released = split_marked(ids, RELEASE_PREFIX)
         for conversation in released:
-            self._keeper.release(conversation)
+            if self._keeper.release(conversation) and self._swapper is not None:
+                self._swapper.snapshot_dirty = True  # a step publishes the counters, also on an idle engine
         ids, stopped = split_marked(ids, STOPPED_PREFIX)
         finished: list[Request] = []
         if stopped and finished_status == RequestStatus.FINISHED_ABORTED:

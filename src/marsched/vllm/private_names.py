@@ -29,6 +29,7 @@ _BASE = "vllm.distributed.kv_transfer.kv_connector.v1.base"
 _QUEUE = "vllm.v1.core.sched.request_queue"
 _V1_LOGITS = "vllm.v1.sample.logits_processor"
 _V2_LOGITS = "vllm.v1.worker.gpu.sample.logits_processor"
+_CLIENT = "vllm.v1.engine.core_client"
 
 NAMES: tuple[VllmName, ...] = (
     # --- the scheduler: MarsScheduler = MarsSchedulerMixin + AsyncScheduler (vllm/scheduler.py)
@@ -222,6 +223,19 @@ NAMES: tuple[VllmName, ...] = (
              "the requests a stop string ended, which the API server aborts in the engine core"),
     VllmName("vllm.v1.engine.core_client", "EngineCoreClient.abort_requests_async", "send a release id",
              ("request_ids",)),
+    VllmName(_CLIENT, "MPClient.core_engines", "the data-parallel ranks' engine cores, in rank order"),
+    VllmName(_CLIENT, "MPClient.resources", "BackgroundResources.engine_dead: no abort to a dead engine"),
+    VllmName(_CLIENT, "BackgroundResources.engine_dead", "the same"),
+    VllmName(_CLIENT, "AsyncMPClient.call_utility_all_async", "ask every rank's mars_state (collective_rpc)",
+             ("method", "args")),
+    VllmName(_CLIENT, "AsyncMPClient.client_count", "several API servers: conversations placed by a hash"),
+    VllmName(_CLIENT, "DPLBAsyncMPClient.reqs_in_flight", "the rank of a request, for its stop-string end"),
+    VllmName(_CLIENT, "DPLBAsyncMPClient.abort_requests_async",
+             "wrapped: stop-string ends go to their request's rank (it drops ids it did not place)", ("request_ids",)),
+    VllmName(_CLIENT, "DPLBAsyncMPClient._abort_requests", "a release to each rank; a mark to its request's rank",
+             ("request_ids", "engine")),
+    VllmName("vllm.entrypoints.generate.base.serving", "GenerateBaseServing._get_data_parallel_rank",
+             "reads the X-data-parallel-rank header the affinity middleware sets", ("raw_request",)),
     VllmName("vllm.config", "VllmConfig.additional_config", "the marsched configuration"),
     VllmName("vllm.config", "VllmConfig.cache_config", "block size and count"),
     VllmName("vllm.config", "VllmConfig.parallel_config", "the data-parallel rank"),
