@@ -157,11 +157,11 @@ def test_every_turn_of_a_conversation_gets_its_rank_and_the_body_is_unchanged(mo
     for turn in range(3):
         for name in ("c0", "c1", "c2", "c3"):
             raw = body(conversation=name, retain=turn < 2)
-            seen = serve(middleware, raw, headers=[(b"x-data-parallel-rank", b"1"), (b"accept", b"*/*")]
-                         if name == "c3" else [])
+            seen = serve(middleware, raw, headers=[(b"x-data-parallel-rank", b"0"), (b"accept", b"*/*")]
+                         if name == "c3" and turn == 0 else [])
             assert seen["body"] == raw
             ranks.setdefault(name, set()).add(seen["headers"][b"x-data-parallel-rank"])
-    assert ranks == {"c0": {b"0"}, "c1": {b"1"}, "c2": {b"0"}, "c3": {b"1"}}
+    assert ranks == {"c0": {b"0"}, "c1": {b"1"}, "c2": {b"0"}, "c3": {b"0"}}  # c3: the client's, then kept
     assert middleware.router.rank_of == {}  # the last turns (retain: false) forgot them
 
 
@@ -227,3 +227,16 @@ def test_a_stop_string_end_goes_with_its_request_to_its_rank():
     sent.clear()
     asyncio.run(core.abort_requests_async(["r2"]))  # a client's abort: vLLM's own path
     assert sent == [(1, ["r2"])]
+
+
+def test_marking_stop_string_ends_also_routes_them_under_data_parallelism():
+    pytest.importorskip("vllm")
+    from marsched.vllm.stop_strings import STOPPED_PREFIX, mark_stop_string_ends
+
+    core, sent = dp_client({"r1": 1})
+    output = SimpleNamespace(reqs_to_abort=["r1"])
+    engine = SimpleNamespace(output_processor=SimpleNamespace(process_outputs=lambda *a: output), engine_core=core)
+    assert mark_stop_string_ends(engine)
+    ended = engine.output_processor.process_outputs()
+    asyncio.run(core.abort_requests_async(ended.reqs_to_abort))
+    assert sent == [(1, ["r1", STOPPED_PREFIX + "r1"])]
