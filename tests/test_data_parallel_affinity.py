@@ -13,7 +13,7 @@ import pytest
 
 from marsched.serve.affinity import (ConversationRouter, DataParallelAffinityMiddleware, Turn, placement_from_env,
                                      turn_of)
-from marsched.serve.placement import (Placement, RankLoad, hashed_rank, least_loaded_scores, lowest,
+from marsched.policy.placement import (Placement, RankLoad, hashed_rank, least_loaded_scores, lowest,
                                       mars_scores)
 
 

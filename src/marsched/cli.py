@@ -85,6 +85,11 @@ JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the metrics 
 TokenScaleOpt = Annotated[float, typer.Option(
     help="Multiply every token count of the trace (contexts, outputs, returns) by this, e.g. 0.25 to fit "
          "claude-code's long contexts into a profile's KV cache; every record states it.")]
+ReplicasOpt = Annotated[int, typer.Option(
+    help="Simulate this many replicas of the profile behind a router (docs/simulator.md, a cluster).")]
+RoutingOpt = Annotated[str, typer.Option(
+    help="With --replicas > 1, the router's rule: round-robin, least-loaded (vLLM's), session-affine, mars "
+         "(least predicted memory x time in flight) or mars-affine.")]
 
 
 def _version(value: bool) -> None:
@@ -101,7 +106,8 @@ def main(version: Annotated[bool, typer.Option(
 
 def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float, seed: int, predictor: str,
               api_estimator: str, starvation_threshold: str, starvation: str, admission: str, refresh_interval: int,
-              strict: bool, trace_out: str | None = None, token_scale: float = 1.0) -> RunSpec:
+              strict: bool, trace_out: str | None = None, token_scale: float = 1.0, replicas: int = 1,
+              routing: str = "least-loaded") -> RunSpec:
     """The run the shared options of simulate and compare describe, each option checked on its own."""
     threshold = checked(lambda: check_run_options(
         profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
@@ -109,7 +115,8 @@ def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float
         refresh_interval=refresh_interval, duration=duration))
     checked(lambda: check_positive("--token-scale", token_scale))
     return RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold, refresh_interval,
-                   trace_out, strict=strict, starvation=starvation, admission=admission, token_scale=token_scale)
+                   trace_out, strict=strict, starvation=starvation, admission=admission, token_scale=token_scale,
+                   replicas=replicas, routing=routing)
 
 
 @app.command()
@@ -130,13 +137,15 @@ def simulate(
     trace_out: Annotated[Path | None, typer.Option(help="Write the event trace (JSONL) here.")] = None,
     strict: StrictOpt = False,
     token_scale: TokenScaleOpt = 1.0,
+    replicas: ReplicasOpt = 1,
+    routing: RoutingOpt = "least-loaded",
 ) -> None:
     """Simulate one policy at one arrival rate."""
     checked(lambda: check_policy("--policy", policy))
     checked(lambda: check_positive("--qps", qps))
     spec = _run_spec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, starvation_threshold,
                      starvation, admission, refresh_interval, strict, str(trace_out) if trace_out else None,
-                     token_scale)
+                     token_scale, replicas, routing)
     check_outputs(json_path=json_path, trace_out=trace_out)
     checked(spec.build)  # what is left: combinations of options
     with trace_warnings_once():
@@ -177,6 +186,8 @@ def compare(
     workers: Annotated[int, typer.Option(help="Parallel processes (0: one per core).")] = 0,
     strict: StrictOpt = False,
     token_scale: TokenScaleOpt = 1.0,
+    replicas: ReplicasOpt = 1,
+    routing: RoutingOpt = "least-loaded",
 ) -> None:
     """Run several policies at several arrival rates on the same workload and engine."""
     names = comma_names(policies)
@@ -188,7 +199,8 @@ def compare(
     if workers < 0:
         fail(f"--workers {workers}: give 0 (one per core) or a number of processes >= 1")
     base = _run_spec(names[0], rates[0], trace, profile, duration, seed, predictor, api_estimator,
-                     starvation_threshold, starvation, admission, refresh_interval, strict, token_scale=token_scale)
+                     starvation_threshold, starvation, admission, refresh_interval, strict, token_scale=token_scale,
+                     replicas=replicas, routing=routing)
     check_outputs(json_path=json_path, plot=plot)
     specs = grid(base, names, rates)
     for spec in specs:

@@ -14,6 +14,8 @@ from marsched.policy.registry import make_policy, starvation_variant
 from marsched.predict.api_duration import parse_api_estimator
 from marsched.predict.length import parse_length_predictor, prepare_length_predictor
 from marsched.predict.segment import SegmentPredictor
+from marsched.sim.cluster import parse_routing, simulate_cluster
+from marsched.sim.engine import Simulator
 from marsched.sim.select import make_simulator
 from marsched.sim.profile import load_profile, scale_kv_capacity
 from marsched.workload.arrivals import poisson_arrivals
@@ -45,10 +47,17 @@ class RunSpec:
     kv_scale: float = 1.0  # × the profile's device KV blocks (regime maps)
     api_time_scale: float = 1.0  # × every API call's duration (regime maps)
     token_scale: float = 1.0  # × every token count of the trace (long contexts on small profiles)
+    replicas: int = 1  # engines of the profile behind a router (sim/cluster.py)
+    routing: str = "least-loaded"  # the router's rule, with replicas > 1
 
     def build(self):
         """Profile and policy for this spec; raises ValueError naming what is wrong."""
         check_token_scale(self.token_scale)
+        if self.replicas < 1:
+            raise ValueError(f"--replicas {self.replicas}: give 1 or more")
+        parse_routing(self.routing)
+        if self.replicas > 1 and self.trace_out:
+            raise ValueError("--trace-out writes one engine's trace; it cannot be given with --replicas > 1")
         profile = scale_kv_capacity(load_profile(self.profile), self.kv_scale)
         predictor = SegmentPredictor(parse_length_predictor(self.predictor, self.seed), parse_api_estimator(self.api_estimator))
         extra = {} if self.starvation_threshold == _DEFAULT else {"starvation_threshold": self.starvation_threshold}
@@ -71,13 +80,21 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
     requests = poisson_arrivals(templates, spec.qps, spec.duration_s, spec.seed)
     if spec.api_time_scale != 1:  # after sampling: the same arrivals and shapes at every scale
         requests = [scale_api_time(r, spec.api_time_scale) for r in requests]
-    trace = TraceFile(spec.trace_out) if spec.trace_out else EventTrace()
-    try:
-        result = make_simulator(requests, profile, policy, trace=trace, on_progress=on_progress).run()
-    except BaseException:
-        trace.abort()
-        raise
-    trace.close()
+    if spec.replicas > 1:
+        def replica() -> Simulator:
+            replica_profile, replica_policy = spec.build()  # a policy (and predictor) of its own
+            prepare_length_predictor(replica_policy.predictor.length, templates, spec.trace)
+            return make_simulator([], replica_profile, replica_policy)
+
+        result = simulate_cluster(requests, replica, spec.replicas, parse_routing(spec.routing), on_progress)
+    else:
+        trace = TraceFile(spec.trace_out) if spec.trace_out else EventTrace()
+        try:
+            result = make_simulator(requests, profile, policy, trace=trace, on_progress=on_progress).run()
+        except BaseException:
+            trace.abort()
+            raise
+        trace.close()
     record = {
         "engine": "sim",
         "policy": spec.policy,
@@ -93,7 +110,11 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
         "num_requests": len(requests),
     }
     record.update(summarize(result.records))
-    record["iterations"] = result.iterations
+    if spec.replicas > 1:
+        record.update(replicas=spec.replicas, routing=spec.routing, routed_per_replica=result.routed,
+                      iterations=sum(r.iterations for r in result.replicas))
+    else:
+        record["iterations"] = result.iterations
     record["wallclock_s"] = result.wallclock_s
     return record
 

@@ -10,7 +10,7 @@ the conversation id (`vllm_xargs.marsched.conversation`) of each `POST /v1/compl
 
 - the rank of its earlier turns, when it has had one here;
 - else the rank the client named in that header (it is kept for the later turns);
-- else the rank the placement rule chooses (`placement.py`; `MARSCHED_DP_PLACEMENT`, default
+- else the rank the placement rule chooses (`marsched.policy.placement`; `MARSCHED_DP_PLACEMENT`, default
   `mars`), from each rank's scheduler state, read at most every `LOOK_EVERY_S`.
 
 A turn with `retain: false` is the conversation's last: its rank is forgotten after it, as it
@@ -34,7 +34,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marsched.serve.asgi_body import read_body, replay_body
-from marsched.serve.placement import (Placement, RankLoad, hashed_rank, least_loaded_scores, lowest,
+from marsched.policy.placement import (Placement, RankLoad, hashed_rank, least_loaded_scores, lowest,
                                       mars_scores)
 
 ENV = "MARSCHED_DP_PLACEMENT"

@@ -87,6 +87,8 @@ class Simulator:
         self._next_arrival = 0
         self.tau = IterationTime(self.cost)
         self.lifecycle = CallLifecycle(policy, self.queue, self, self.trace, handle_of=self.live.__getitem__)
+        self._horizon_s = math.inf
+        self._started_t = time.perf_counter()
 
     @property
     def paused_preserved(self) -> dict[str, SimRequest]:
@@ -96,10 +98,25 @@ class Simulator:
     # --- the loop ---------------------------------------------------------------------
 
     def run(self) -> SimResult:
-        started = time.perf_counter()
-        total = self._total
+        self.start()
+        self.run_until(math.inf)
+        return self.finish()
+
+    # A replica of a cluster (`cluster.py`) runs in pieces instead: start, then run_until each
+    # arrival's time and inject the requests routed to it, then run_until(inf) and finish.
+
+    def start(self) -> None:
+        self._started_t = time.perf_counter()
         self.lifecycle.run_started("sim", self.device.capacity, self.host.capacity, self.block_tokens)
-        while len(self.records) < total:
+
+    def run_until(self, horizon_s: float) -> None:
+        """Run iterations until every request known so far has ended or the clock reaches
+        `horizon_s` (the iteration running then ends past it); an engine with nothing to do
+        waits there. Nothing bunches identical iterations past the horizon, where an arrival
+        this engine does not know of yet may come."""
+        self._horizon_s = horizon_s
+        total = self._total
+        while len(self.records) < total and self.now < horizon_s:
             self._take_arrivals()
             self._take_returns()
             if len(self.records) == total:
@@ -116,8 +133,21 @@ class Simulator:
                 self.on_step(self)
             if self.on_progress:
                 self.on_progress(len(self.records), total)
+        if self.now < horizon_s < math.inf:
+            self._advance_links(horizon_s - self.now)
+            self.now = horizon_s
+
+    def inject(self, requests: list[Request]) -> None:
+        """More requests for this engine: a routed arrival, with the subagents its calls start."""
+        check_fits(requests, self.profile)
+        self.spawns.held.update(HeldSpawns(requests).held)
+        for request in self.spawns.roots(requests):
+            bisect.insort(self.pending, request, lo=self._next_arrival, key=lambda r: r.arrival_s)
+        self._total += len(requests)
+
+    def finish(self) -> SimResult:
         self.lifecycle.ended(len(self.records))
-        return SimResult(self.records, self.iteration, self.steps, self.now, time.perf_counter() - started)
+        return SimResult(self.records, self.iteration, self.steps, self.now, time.perf_counter() - self._started_t)
 
     def load(self) -> EngineLoad:
         return EngineLoad(
@@ -407,8 +437,9 @@ class Simulator:
         return _steps_in_blocks([(r.progress.computed_tokens, r.device_blocks) for r in running],
                                 limit, self.device.free, self.block_tokens)
 
-    def _seconds_to_next_event(self) -> float | None:
-        """Time from now to the next arrival, call return, transfer completion or promotion (seconds clock)."""
+    def _seconds_to_next_event(self, to_horizon: bool = True) -> float | None:
+        """Time from now to the next arrival, call return, transfer completion or promotion (seconds clock),
+        or to the horizon of `run_until` when that comes first (unless `to_horizon` is false)."""
         times = []
         if self._next_arrival < len(self.pending):
             times.append(self.pending[self._next_arrival].arrival_s - self.now)
@@ -421,6 +452,8 @@ class Simulator:
         promotion = self.queue.seconds_to_next_promotion(self.now)
         if promotion is not None:
             times.append(promotion)
+        if to_horizon and self._horizon_s < math.inf:  # a cluster's next arrival, which may come here
+            times.append(self._horizon_s - self.now)
         return max(min(times), 0.0) if times else None
 
     def _idle_until_next_event(self) -> None:

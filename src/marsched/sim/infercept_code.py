@@ -102,7 +102,7 @@ class InferceptCodeSimulator(Simulator):
 
     def _build_batch(self) -> tuple[list[tuple[SimRequest, int]], bool]:
         batch = self._passes(self.budgets.out_blocks)
-        if not batch and self._held_by_budget and self._seconds_to_next_event() is None:
+        if not batch and self._held_by_budget and self._seconds_to_next_event(to_horizon=False) is None:
             # Requests wait on the swap-out budget, nothing runs and nothing is due: the code would spin
             # for ever (a fit that allows fewer blocks out than a chunk needs). Lift it for this iteration.
             batch = self._passes(math.inf)

@@ -61,7 +61,9 @@ async def run_turn(client: Any, model: str, messages: list[dict], turn: Turn, *,
     turn.sent_s = started - clock0
     stream = await client.chat.completions.create(
         model=model, messages=messages, stream=True, stream_options={"include_usage": True},
-        temperature=0.0, seed=load.seed, extra_body=extra, **kwargs)
+        # No `seed`: greedy decoding needs none, and a seeded request whose prefill is chunked crashes
+        # vLLM's CPU engine (marsched serve refuses it with a 400).
+        temperature=0.0, extra_body=extra, **kwargs)
     async for chunk in stream:
         if chunk.usage is not None:
             turn.prompt_tokens = chunk.usage.prompt_tokens

@@ -1,8 +1,10 @@
-"""Which data-parallel rank a new conversation goes to: the placement rules, as pure functions.
+"""Which replica (a data-parallel rank, a server) a new conversation goes to: the placement
+rules, as pure functions, for `marsched serve`'s ranks (`serve/affinity.py`) and the simulated
+cluster (`sim/cluster.py`).
 
-A conversation's later turns go where its first turn went (`affinity.py`); these rules choose
-the rank of a first turn from what each rank reported at the last look (`RankLoad`, from its
-scheduler's state) and what this front end placed on it since:
+A conversation's later turns go where its first turn went; these rules choose the replica of a
+first turn from what each reported at the last look (`RankLoad`, its scheduler's state) and
+what was placed on it since:
 
 - `mars`: the least predicted KV memory × time in flight, the MARS ranking key summed over the
   rank's requests (`marsched_predicted_memory_time_in_flight`). A turn placed since the last

@@ -1,0 +1,148 @@
+"""N replicas of one engine profile behind a router: the simulated cluster.
+
+Each replica is a simulator of its own (its own KV cache, queue and policy, the same profile and
+policy name); they share nothing but the router. Arrivals are taken in time order: at each one,
+every replica runs up to that time, and the routing rule picks one from their state then (a
+replica's clock may be up to one iteration past it: the iteration running at the arrival ends
+first, as on a real engine). The subagents a request's calls start run on its replica.
+
+Routing rules (`Routing`):
+
+- `round-robin`;
+- `least-loaded`: vLLM's data-parallel balancer (`policy.placement.least_loaded_scores`), with a
+  replica's in-flight count the requests it holds (running, waiting or in a call);
+- `session-affine`: a hash of the conversation (vllm-project/router's `consistent_hash` on
+  `X-Session-ID`); a claude-code task's conversation is the part of its id before `:`, and any
+  other request is a conversation of its own;
+- `mars`: the least predicted KV memory × time in flight (`policy.placement.mars_scores`), each
+  request's MARS key from its own replica's policy;
+- `mars-affine`: a conversation seen before goes back to its replica unless that replica's
+  memory × time is over `AFFINITY_BALANCE` × the replicas' mean (the shape of vllm-project/router's
+  `cache_aware` balance rule), else as `mars`.
+
+The simulator keeps no KV across requests (no prefix cache): what a replica held of a
+conversation's previous task is never reused, so affinity costs balance here and gains nothing.
+"""
+
+from __future__ import annotations
+
+import enum
+import math
+import time
+from collections.abc import Callable
+from dataclasses import dataclass
+
+from marsched.policy.placement import RankLoad, hashed_rank, least_loaded_scores, lowest, mars_scores
+from marsched.sim.request import SimResult
+from marsched.sim.engine import Simulator
+from marsched.workload.model import Request
+
+AFFINITY_BALANCE = 1.5  # vllm-project/router's --balance-rel-threshold default
+
+
+class Routing(enum.Enum):
+    ROUND_ROBIN = "round-robin"
+    LEAST_LOADED = "least-loaded"
+    SESSION_AFFINE = "session-affine"
+    MARS = "mars"
+    MARS_AFFINE = "mars-affine"
+
+
+def parse_routing(value: str) -> Routing:
+    try:
+        return Routing(value)
+    except ValueError:
+        raise ValueError(f"--routing {value!r}: give one of {', '.join(r.value for r in Routing)}") from None
+
+
+def conversation_of(request: Request) -> str:
+    name = request.template_id or request.request_id
+    return name.split(":", 1)[0]
+
+
+def replica_load(replica: Simulator) -> RankLoad:
+    load = replica.load()
+    memory_time = sum(replica.policy.memory_time(r.progress, load) for r in replica.live.values()
+                      if r.progress.predictions)
+    return RankLoad(memory_time=memory_time, tracked=len(replica.live), waiting=len(replica.queue),
+                    running=len(replica.running), kv_usage=replica.device.used / max(replica.device.capacity, 1))
+
+
+@dataclass(slots=True)
+class ClusterResult:
+    replicas: list[SimResult]
+    routed: list[int]  # requests routed to each replica (their subagents not counted)
+    wallclock_s: float
+
+    @property
+    def records(self) -> list:
+        return [record for result in self.replicas for record in result.records]
+
+
+class Router:
+    def __init__(self, routing: Routing, replicas: list[Simulator]) -> None:
+        self.routing = routing
+        self.replicas = replicas
+        self.rank_of: dict[str, int] = {}
+        self._next = 0
+
+    def route(self, request: Request) -> int:
+        n = len(self.replicas)
+        conversation = conversation_of(request)
+        if self.routing is Routing.ROUND_ROBIN:
+            rank = self._next % n
+        elif self.routing is Routing.SESSION_AFFINE:
+            rank = hashed_rank(conversation, n)
+        else:
+            loads = [replica_load(r) for r in self.replicas]
+            if self.routing is Routing.LEAST_LOADED:
+                rank = lowest(least_loaded_scores(loads, [0] * n, [load.tracked for load in loads]), self._next)
+            else:
+                rank = lowest(mars_scores(loads, [0] * n), self._next)
+                known = self.rank_of.get(conversation) if self.routing is Routing.MARS_AFFINE else None
+                mean = sum(load.memory_time for load in loads) / n
+                if known is not None and loads[known].memory_time <= AFFINITY_BALANCE * mean:
+                    rank = known
+        self.rank_of[conversation] = rank
+        self._next = (self._next + 1) % n
+        return rank
+
+
+def simulate_cluster(requests: list[Request], make_replica: Callable[[], Simulator], replicas: int,
+                     routing: Routing, on_progress: Callable[[int, int], None] | None = None) -> ClusterResult:
+    """Run `requests` on `replicas` engines from `make_replica` (each with no requests of its own)."""
+    if replicas < 1:
+        raise ValueError(f"--replicas {replicas}: give 1 or more")
+    started = time.perf_counter()
+    engines = [make_replica() for _ in range(replicas)]
+    children: dict[str, list[Request]] = {}
+    for request in requests:
+        if request.spawned_by is not None:
+            children.setdefault(request.spawned_by.parent_id, []).append(request)
+    router = Router(routing, engines)
+    routed = [0] * replicas
+    for engine in engines:
+        engine.start()
+    roots = sorted((r for r in requests if r.spawned_by is None), key=lambda r: r.arrival_s)
+    for done, request in enumerate(roots):
+        for engine in engines:
+            engine.run_until(request.arrival_s)
+        rank = router.route(request)
+        routed[rank] += 1
+        engines[rank].inject([request, *_descendants(request, children)])
+        if on_progress:
+            on_progress(done, len(roots))
+    for engine in engines:
+        engine.run_until(math.inf)
+    if on_progress:
+        on_progress(len(roots), len(roots))
+    return ClusterResult([engine.finish() for engine in engines], routed, time.perf_counter() - started)
+
+
+def _descendants(request: Request, children: dict[str, list[Request]]) -> list[Request]:
+    found, stack = [], [request.request_id]
+    while stack:
+        for child in children.get(stack.pop(), ()):
+            found.append(child)
+            stack.append(child.request_id)
+    return found

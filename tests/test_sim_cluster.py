@@ -1,0 +1,122 @@
+"""The simulated cluster (`sim/cluster.py`): replicas that run in pieces between arrivals give what
+one whole run gives, every request ends on exactly one replica with its subagents, blocks are
+conserved on each, and each routing rule places by what it is meant to read."""
+
+from __future__ import annotations
+
+import dataclasses
+
+import pytest
+
+from marsched.policy import make_policy
+from marsched.sim.cluster import Routing, Router, conversation_of, parse_routing, simulate_cluster
+from marsched.sim.select import make_simulator
+from marsched.workload import ApiCall, ApiType, Spawn, build_request
+from marsched.workload.arrivals import poisson_arrivals
+from marsched.workload.loader import load_trace
+from simhelpers import COST, single, small_profile
+
+
+def replica_of(policy: str, device_blocks: int = 64):
+    return lambda: make_simulator([], small_profile(device_blocks=device_blocks), make_policy(policy, COST))
+
+
+def workload(qps: float = 40.0, seconds: float = 3.0):
+    templates = [build_request(f"conv{i % 5}:t{i}", 40 + 7 * i, [(3 + i % 4, ApiCall(ApiType.TOOL, 0.05 * (i % 3), 4)),
+                                                              (2 + i % 3, None)]) for i in range(12)]
+    return poisson_arrivals(templates, qps, seconds, seed=1)
+
+
+def by_id(records):
+    return {r.request_id: dataclasses.astuple(r) for r in records}
+
+
+@pytest.mark.parametrize("policy", ["mars", "vllm", "infercept", "infercept-code"])
+def test_one_replica_run_in_pieces_is_the_whole_run(policy):
+    requests = workload()
+    whole = make_simulator(requests, small_profile(device_blocks=64), make_policy(policy, COST)).run()
+    cluster = simulate_cluster(requests, replica_of(policy), 1, Routing.MARS)
+    assert len(whole.records) == len(requests) > 50
+    assert by_id(cluster.records) == by_id(whole.records)
+    assert cluster.replicas[0].iterations == whole.iterations
+
+
+@pytest.mark.parametrize("routing", list(Routing))
+def test_every_request_ends_on_one_replica_with_blocks_conserved(routing):
+    requests = workload(qps=120.0)
+    engines = []
+
+    def replica():
+        engines.append(replica_of("mars", device_blocks=24)())
+        return engines[-1]
+
+    result = simulate_cluster(requests, replica, 4, routing)
+    ids = [r.request_id for r in result.records]
+    assert sorted(ids) == sorted(r.request_id for r in requests)
+    assert sum(result.routed) == len(requests)
+    assert all(result.routed) or routing is Routing.SESSION_AFFINE  # 5 conversations hashed on 4 replicas
+    for engine in engines:
+        assert engine.device.used == 0 and engine.host.used == 0
+        engine.check_invariants()
+
+
+def test_subagents_run_on_their_parents_replica():
+    parent = build_request("P:t0", 100, [(4, ApiCall(ApiType.TOOL, 2.0, 5)), (2, None)], 0.0)
+    child = dataclasses.replace(single("P:sa1", 0.5, 50, 3), spawned_by=Spawn("P:t0", 0))
+    others = [single(f"o{i}:t0", 0.01 * i, 30, 2) for i in range(1, 8)]
+    result = simulate_cluster([parent, child, *others], replica_of("mars"), 3, Routing.ROUND_ROBIN)
+    where = {r.request_id: rank for rank, replica in enumerate(result.replicas) for r in replica.records}
+    assert where["P:sa1"] == where["P:t0"]
+    assert sum(result.routed) == 8  # the subagent is not routed: it goes with its parent
+
+
+class FakeReplica:
+    """What the router reads of a replica."""
+
+    def __init__(self, live=(), waiting=0, running=0, used=0):
+        from types import SimpleNamespace
+
+        self.live = {f"r{i}": SimpleNamespace(progress=SimpleNamespace(predictions=[1], key=key))
+                     for i, key in enumerate(live)}
+        self.queue = [None] * waiting
+        self.running = [None] * running
+        self.device = SimpleNamespace(used=used, capacity=100)
+        self.policy = SimpleNamespace(memory_time=lambda progress, load: progress.key)
+
+    def load(self):
+        return None
+
+
+def test_the_rules_read_what_they_are_meant_to():
+    # replica 0: one request of a long memory x time; replica 1: four short ones, all running
+    replicas = [FakeReplica(live=[9000.0], running=1), FakeReplica(live=[10.0] * 4, running=4)]
+    request = single("new:t0", 0.0, 10, 1)
+    assert Router(Routing.MARS, replicas).route(request) == 1
+    assert Router(Routing.LEAST_LOADED, replicas).route(request) == 0  # vLLM's rule counts requests
+    robin = Router(Routing.ROUND_ROBIN, replicas)
+    assert [robin.route(request) for _ in range(4)] == [0, 1, 0, 1]
+    affine = Router(Routing.SESSION_AFFINE, replicas)
+    assert len({affine.route(single(f"c:t{i}", 0.0, 10, 1)) for i in range(6)}) == 1
+
+
+def test_mars_affine_keeps_a_conversation_unless_its_replica_is_overloaded():
+    replicas = [FakeReplica(live=[100.0]), FakeReplica(live=[120.0])]
+    router = Router(Routing.MARS_AFFINE, replicas)
+    assert router.route(single("c:t0", 0.0, 10, 1)) == 0
+    replicas[0].live["r1"] = replicas[0].live["r0"].__class__(progress=replicas[0].live["r0"].progress)
+    replicas[0].live["r1"].progress = type(replicas[0].live["r0"].progress)(predictions=[1], key=60.0)
+    assert router.route(single("c:t1", 0.0, 10, 1)) == 0  # 160 > 120, but under 1.5 x the mean (140)
+    replicas[0].live["r2"] = type(replicas[0].live["r0"])(progress=type(replicas[0].live["r0"].progress)(
+        predictions=[1], key=500.0))
+    assert router.route(single("c:t2", 0.0, 10, 1)) == 1  # 660 > 1.5 x 390: to the lighter one
+    assert Router(Routing.MARS, replicas).route(single("c:t3", 0.0, 10, 1)) == 1
+
+
+def test_names_and_conversations():
+    assert parse_routing("mars-affine") is Routing.MARS_AFFINE
+    with pytest.raises(ValueError, match="--routing 'nearest': give one of round-robin, least-loaded"):
+        parse_routing("nearest")
+    assert conversation_of(single("trace_0002:t3", 0.0, 1, 1)) == "trace_0002"
+    assert conversation_of(single("r17", 0.0, 1, 1)) == "r17"
+    instances = poisson_arrivals(load_trace("claude-code")[:40], 1.0, 20.0, seed=0)
+    assert all(":" in r.template_id for r in instances)  # a task's conversation survives the arrivals
