@@ -241,3 +241,34 @@ def test_live_retained_conversation_is_counted(server):
     after = live_samples(server)
     assert after[("marsched_retention_hits_total", R0)] == hits + 1
     assert after[("marsched_retention_reused_tokens_total", R0)] > 0
+
+
+class FakeDataParallelEngine:
+    """An engine client over two data-parallel ranks: each rank's engine core answers for itself."""
+
+    def __init__(self, ranks) -> None:
+        self.ranks = ranks
+        self.engine_core = SimpleNamespace(core_engines=[b"\x00\x00", b"\x01\x00"],
+                                           call_utility_all_async=self._all)
+
+    async def _all(self, method, rpc, timeout, args, kwargs):
+        assert (method, rpc, args) == ("collective_rpc", "mars_state", (None,))
+        return self.ranks
+
+    async def collective_rpc(self, method, args=()):
+        return self.ranks[0]  # what AsyncLLM.collective_rpc answers under data parallelism: rank 0 alone
+
+
+def test_each_data_parallel_rank_has_its_own_series():
+    other = {"host_bytes": 0, "scheduler": {**STATE["scheduler"], "running": 5, "retention_hits": 9}}
+    _, body = scrape(fake_vllm()[0], FakeDataParallelEngine([[STATE], [other]]))
+    values = samples(body.decode())
+    one = (("rank", "1"),)
+    assert values[("marsched_state_up", R0)] == values[("marsched_state_up", one)] == 1
+    assert (values[("marsched_running_requests", R0)], values[("marsched_running_requests", one)]) == (2, 5)
+    assert (values[("marsched_retention_hits_total", R0)], values[("marsched_retention_hits_total", one)]) == (5, 9)
+    assert values[("marsched_host_kv_bytes", one)] == 0
+    assert values[("marsched_retained_conversations", one + (("strategy", "preserve"),))] == 4
+    _, body = scrape(fake_vllm()[0], FakeDataParallelEngine(None))  # no answer: both ranks read 0
+    values = samples(body.decode())
+    assert values[("marsched_state_up", R0)] == values[("marsched_state_up", one)] == 0

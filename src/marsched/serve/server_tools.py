@@ -212,13 +212,8 @@ class ServerToolsMiddleware:
                                                                                     b"transfer-encoding")]
         inner = dict(scope, headers=[*headers, (b"content-length", str(len(body)).encode())])
         captured = Captured()
-        sent = False
 
-        async def receive() -> dict[str, Any]:
-            nonlocal sent
-            if not sent:
-                sent = True
-                return {"type": "http.request", "body": body, "more_body": False}
+        async def disconnect() -> dict[str, Any]:
             await disconnected.wait()
             return {"type": "http.disconnect"}
 
@@ -228,7 +223,7 @@ class ServerToolsMiddleware:
             elif message["type"] == "http.response.body":
                 captured.body += message.get("body", b"")
 
-        await self.app(inner, receive, capture)
+        await self.app(inner, replay_body(body, disconnect), capture)
         return captured
 
     async def _run_tools(self, calls: list[dict[str, Any]], disconnected: asyncio.Event) -> list[str] | None:

@@ -128,11 +128,13 @@ def server_counters(url: str) -> dict[str, Any]:
     counters: dict[str, Any] = {}
     state = get(f"{url}/marsched/state")
     if state is not None:
-        scheduler = json.loads(state).get("scheduler") or {}
+        answer = json.loads(state)
+        ranks = answer.get("ranks") or [answer]  # under data parallelism, one state per rank: summed
         for key in ("retention_hits", "retention_misses", "retention_expired", "retention_released",
                     "retention_reused_tokens", "promotions"):
-            if key in scheduler:
-                counters[key] = scheduler[key]
+            values = [(rank.get("scheduler") or {}).get(key) for rank in ranks]
+            if any(isinstance(v, (int, float)) for v in values):
+                counters[key] = sum(v for v in values if isinstance(v, (int, float)))
     metrics = get(f"{url}/metrics")
     if metrics is not None:
         from prometheus_client.parser import text_string_to_metric_families
