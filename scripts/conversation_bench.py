@@ -70,6 +70,11 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--vllm-arg", action="append", default=[], help="one more vLLM option for every server (repeat)")
     p.add_argument("--marsched-arg", action="append", default=[],
                    help="one more `marsched serve` option for mars and fixed (repeat), e.g. --marsched-arg=--no-swap")
+    p.add_argument("--soak", action="store_true",
+                   help="also sample each server's memory during the load and report what it holds "
+                        "--soak-idle-s after it (a long run: --duration 600)")
+    p.add_argument("--soak-idle-s", type=float, default=70.0,
+                   help="the wait after the load (past marsched's 60 s retention limit)")
     args = p.parse_args(argv)
     if args.quick:  # only what the user did not set
         for name, quick in (("duration", 20.0), ("prompt_tokens", 768), ("tool_turns", 2), ("kv_blocks", 24),

@@ -9,6 +9,7 @@ follow the protocol, and the numbers in the table are the ones in the records.
 from __future__ import annotations
 
 import json
+import time
 from dataclasses import replace
 
 import pytest
@@ -111,3 +112,52 @@ def test_table_rates_against_stock_vllm_and_names_a_configuration_that_did_not_r
     assert lines[2].startswith("| vllm | 10/10 | 0.400 / 0.400 / 2.000 | 8.00 / 16.00 | 1.00, 1.00 | 1.00, 1.00 | – | 0.50 |")
     assert "| 0.25, 0.25 | 0.75, 0.75 | 25 / 5 |" in lines[3]
     assert lines[4].startswith("| fixed | did not run: server exited with status 2 |")
+
+
+def test_the_soak_samples_the_process_tree_and_reads_what_is_left(tmp_path):
+    import http.server
+    import subprocess
+    import sys
+    import threading
+
+    from marsched.experiments.conversations.report import soak_table
+    from marsched.experiments.conversations.soak import RssSampler, after_idle
+
+    child = subprocess.Popen([sys.executable, "-c", "import time; x = bytearray(64 << 20); time.sleep(30)"])
+    try:
+        time.sleep(1.0)
+        sampler = RssSampler(child.pid, every_s=0.05)
+        time.sleep(0.3)
+        rss = sampler.stop()
+    finally:
+        child.kill()
+        child.wait()
+    assert len(rss["samples"]) >= 3 and rss["peak_mib"] >= 64  # the child's 64 MiB are counted
+
+    state = {"data_parallel_size": 2, "ranks": [
+        {"rank": 0, "host_bytes": 0, "scheduler": {"retained_swap": 0, "device_total_blocks": 10, "device_free_blocks": 10}},
+        {"rank": 1, "host_bytes": 4096, "scheduler": {"retained_swap": 1, "device_total_blocks": 10,
+                                                       "device_free_blocks": 7}}]}
+
+    class Handler(http.server.BaseHTTPRequestHandler):
+        def do_GET(self):
+            body = {"/health": b"", "/marsched/state": json.dumps(state).encode(),
+                    "/metrics": b"vllm:kv_cache_usage_perc{engine=\"0\"} 0.25\n"}.get(self.path)
+            self.send_response(200 if body is not None else 404)
+            self.end_headers()
+            self.wfile.write(body or b"")
+
+        def log_message(self, *args):
+            pass
+
+    server = http.server.HTTPServer(("127.0.0.1", 0), Handler)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        left = after_idle(f"http://127.0.0.1:{server.server_port}", type("P", (), {"poll": lambda self: None})(), 0.0)
+    finally:
+        server.shutdown()
+    assert left["alive"] and left["health"]
+    assert (left["retained_swap"], left["host_bytes"], left["device_blocks_used"], left["kv_cache_usage"]) == \
+        (1, 4096, 3, 0.25)
+    row = soak_table([{"config": "mars", "summary": {"failed": 0}, "rss": rss, "after_idle": left}]).splitlines()[-1]
+    assert "retained_swap 1" in row and "host_bytes 4096" in row and "device_blocks_used 3" in row

@@ -64,3 +64,17 @@ def table(records: list[dict[str, Any]]) -> str:
             f"| {ratio(s['e2e_mean_s'], base.get('e2e_mean_s'))}, {ratio(s['e2e_p99_s'], base.get('e2e_p99_s'))} "
             f"| {hits} | {rate} |")
     return "\n".join(lines)
+
+
+def soak_table(records: list[dict[str, Any]]) -> str:
+    """Memory and what is left after the idle wait, one row per configuration (`--soak`)."""
+    lines = ["| config | conv failed | RSS start / peak / end MiB | RSS growth MiB | alive, health | left after idle |",
+             "| --- | --- | --- | --- | --- | --- |"]
+    for r in records:
+        rss, left = r.get("rss") or {}, r.get("after_idle") or {}
+        held = {k: v for k, v in left.items() if k not in ("idle_s", "alive", "health") and v}
+        lines.append(f"| {r['config']} | {(r.get('summary') or {}).get('failed', '–')} | "
+                     f"{fmt(rss.get('start_mib'), 0)} / {fmt(rss.get('peak_mib'), 0)} / {fmt(rss.get('end_mib'), 0)} | "
+                     f"{fmt(rss.get('growth_mib'), 0)} | {left.get('alive', '–')}, {left.get('health', '–')} | "
+                     f"{', '.join(f'{k} {v}' for k, v in held.items()) or 'nothing'} |")
+    return "\n".join(lines)

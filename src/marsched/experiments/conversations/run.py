@@ -22,7 +22,8 @@ from typing import Any
 
 from marsched.experiments.conversations.client import run_load
 from marsched.experiments.conversations.load import Conversation, Load, draw_load, vocabulary_words
-from marsched.experiments.conversations.report import summarize, table
+from marsched.experiments.conversations.report import soak_table, summarize, table
+from marsched.experiments.conversations.soak import RssSampler, after_idle
 from marsched.experiments.conversations.servers import (
     CHAT_TEMPLATE, CONFIGS, Engine, Server, fixed_seconds, server_command, server_counters,
 )
@@ -30,7 +31,9 @@ from marsched.serve.launch import free_port
 
 
 def run_config(config: str, engine: Engine, load: Load, conversations: list[Conversation], out: Path,
-               workdir: Path) -> dict[str, Any]:
+               workdir: Path, soak_idle_s: float | None = None) -> dict[str, Any]:
+    """One configuration's run; with `soak_idle_s`, its memory during the load and what it holds
+    that long after it (`soak.py`)."""
     port = free_port("127.0.0.1")
     template = workdir / "chat.jinja"
     template.write_text(CHAT_TEMPLATE)
@@ -49,10 +52,15 @@ def run_config(config: str, engine: Engine, load: Load, conversations: list[Conv
         record["start_s"] = round(time.monotonic() - began, 1)
         print(f"[{config}] healthy after {record['start_s']} s; {len(conversations)} conversations", flush=True)
         began = time.monotonic()
+        sampler = RssSampler(server.process.pid) if soak_idle_s is not None else None
         results = asyncio.run(run_load(server.url, engine.model, conversations, load))
         record["load_s"] = round(time.monotonic() - began, 1)
         record["summary"] = summarize(results)
         record["server"] = server_counters(server.url)
+        if sampler is not None:
+            record["rss"] = sampler.stop()
+            print(f"[{config}] load done; waiting {soak_idle_s:g} s to see what is left", flush=True)
+            record["after_idle"] = after_idle(server.url, server.process, soak_idle_s)
         record["conversations"] = [asdict(r) for r in results]
     except RuntimeError as error:
         record["error"] = str(error)
@@ -124,11 +132,15 @@ def main(args: argparse.Namespace) -> int:
     with tempfile.TemporaryDirectory(prefix="convbench-") as scratch:
         try:
             for config in configs:
-                records.append(run_config(config, engine, load, conversations, out, Path(scratch)))
+                records.append(run_config(config, engine, load, conversations, out, Path(scratch),
+                                          soak_idle_s=args.soak_idle_s if args.soak else None))
         except KeyboardInterrupt:
             print("interrupted; the server was stopped", flush=True)
             return 130
     print()
     print(table(records))
     (out / "table.md").write_text(table(records) + "\n")
+    if args.soak:
+        print()
+        print(soak_table(records))
     return 0 if all("summary" in r for r in records) else 1
