@@ -5,6 +5,7 @@ conserved on each, and each routing rule places by what it is meant to read."""
 from __future__ import annotations
 
 import dataclasses
+from types import SimpleNamespace
 
 import pytest
 
@@ -71,20 +72,23 @@ def test_subagents_run_on_their_parents_replica():
 
 
 class FakeReplica:
-    """What the router reads of a replica."""
+    """What the router reads of a replica: requests whose MARS key is `key` (memory x time)."""
 
     def __init__(self, live=(), waiting=0, running=0, used=0):
-        from types import SimpleNamespace
-
-        self.live = {f"r{i}": SimpleNamespace(progress=SimpleNamespace(predictions=[1], key=key))
-                     for i, key in enumerate(live)}
+        self.live = {}
+        for key in live:
+            self.add(key)
         self.queue = [None] * waiting
         self.running = [None] * running
         self.device = SimpleNamespace(used=used, capacity=100)
-        self.policy = SimpleNamespace(memory_time=lambda progress, load: progress.key)
+        self.policy = SimpleNamespace(memory_time_form=lambda progress, load: SimpleNamespace(at=lambda tau: progress.key))
+
+    def add(self, key: float) -> None:
+        self.live[f"r{len(self.live)}"] = SimpleNamespace(progress=SimpleNamespace(predictions=[1], segment_index=0,
+                                                                                  key=key))
 
     def load(self):
-        return None
+        return SimpleNamespace(iteration_s=0.01)
 
 
 def test_the_rules_read_what_they_are_meant_to():
@@ -103,13 +107,25 @@ def test_mars_affine_keeps_a_conversation_unless_its_replica_is_overloaded():
     replicas = [FakeReplica(live=[100.0]), FakeReplica(live=[120.0])]
     router = Router(Routing.MARS_AFFINE, replicas)
     assert router.route(single("c:t0", 0.0, 10, 1)) == 0
-    replicas[0].live["r1"] = replicas[0].live["r0"].__class__(progress=replicas[0].live["r0"].progress)
-    replicas[0].live["r1"].progress = type(replicas[0].live["r0"].progress)(predictions=[1], key=60.0)
+    replicas[0].add(60.0)
     assert router.route(single("c:t1", 0.0, 10, 1)) == 0  # 160 > 120, but under 1.5 x the mean (140)
-    replicas[0].live["r2"] = type(replicas[0].live["r0"])(progress=type(replicas[0].live["r0"].progress)(
-        predictions=[1], key=500.0))
+    replicas[0].add(500.0)
     assert router.route(single("c:t2", 0.0, 10, 1)) == 1  # 660 > 1.5 x 390: to the lighter one
-    assert Router(Routing.MARS, replicas).route(single("c:t3", 0.0, 10, 1)) == 1
+    assert Router(Routing.MARS, replicas).route(single("other:t0", 0.0, 10, 1)) == 1
+
+
+def test_a_requests_key_is_priced_once_a_segment():
+    from marsched.sim.cluster import MemoryTime
+
+    replica = FakeReplica(live=[100.0])
+    priced = []
+    form = replica.policy.memory_time_form
+    replica.policy.memory_time_form = lambda progress, load: priced.append(1) or form(progress, load)
+    memory_time = MemoryTime()
+    assert memory_time.of(replica) == memory_time.of(replica) == 100.0 and len(priced) == 1
+    replica.live["r0"].progress.segment_index = 1
+    replica.live["r0"].progress.key = 40.0
+    assert memory_time.of(replica) == 40.0 and len(priced) == 2
 
 
 def test_names_and_conversations():

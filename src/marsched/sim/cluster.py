@@ -15,7 +15,7 @@ Routing rules (`Routing`):
   `X-Session-ID`); a claude-code task's conversation is the part of its id before `:`, and any
   other request is a conversation of its own;
 - `mars`: the least predicted KV memory × time in flight (`policy.placement.mars_scores`), each
-  request's MARS key from its own replica's policy;
+  request's MARS key from its own replica's policy (`MemoryTime`);
 - `mars-affine`: a conversation seen before goes back to its replica unless that replica's
   memory × time is over `AFFINITY_BALANCE` × the replicas' mean (the shape of vllm-project/router's
   `cache_aware` balance rule), else as `mars`.
@@ -60,12 +60,36 @@ def conversation_of(request: Request) -> str:
     return name.split(":", 1)[0]
 
 
-def replica_load(replica: Simulator) -> RankLoad:
-    load = replica.load()
-    memory_time = sum(replica.policy.memory_time(r.progress, load) for r in replica.live.values()
-                      if r.progress.predictions)
-    return RankLoad(memory_time=memory_time, tracked=len(replica.live), waiting=len(replica.queue),
-                    running=len(replica.running), kv_usage=replica.device.used / max(replica.device.capacity, 1))
+class MemoryTime:
+    """A replica's predicted memory × time in flight. Each request's key is priced at the start of
+    its segment (a key of a request with many calls takes a fraction of a millisecond, and a
+    replica holds hundreds, mostly in their tools) and read at the replica's current τ; a real
+    replica's gauge is as coarse (recomputed every 0.5 s, `vllm/snapshot.py`)."""
+
+    def __init__(self) -> None:
+        self._forms: dict[str, tuple[int, object]] = {}  # request id -> (segment index, key form)
+
+    def of(self, replica: Simulator) -> float:
+        load = replica.load()
+        total = 0.0
+        for rid, sim_request in replica.live.items():
+            progress = sim_request.progress
+            if not progress.predictions:
+                continue
+            cached = self._forms.get(rid)
+            if cached is None or cached[0] != progress.segment_index:
+                cached = (progress.segment_index, replica.policy.memory_time_form(progress, load))
+                self._forms[rid] = cached
+            total += cached[1].at(load.iteration_s)
+        if len(self._forms) > 2 * len(replica.live) + 64:  # the ended ones
+            self._forms = {rid: form for rid, form in self._forms.items() if rid in replica.live}
+        return total
+
+
+def replica_load(replica: Simulator, memory_time: MemoryTime | None = None) -> RankLoad:
+    return RankLoad(memory_time=memory_time.of(replica) if memory_time else 0.0, tracked=len(replica.live),
+                    waiting=len(replica.queue), running=len(replica.running),
+                    kv_usage=replica.device.used / max(replica.device.capacity, 1))
 
 
 @dataclass(slots=True)
@@ -85,6 +109,7 @@ class Router:
         self.replicas = replicas
         self.rank_of: dict[str, int] = {}
         self._next = 0
+        self._memory_time = [MemoryTime() for _ in replicas]
 
     def route(self, request: Request) -> int:
         n = len(self.replicas)
@@ -94,10 +119,11 @@ class Router:
         elif self.routing is Routing.SESSION_AFFINE:
             rank = hashed_rank(conversation, n)
         else:
-            loads = [replica_load(r) for r in self.replicas]
             if self.routing is Routing.LEAST_LOADED:
+                loads = [replica_load(r) for r in self.replicas]
                 rank = lowest(least_loaded_scores(loads, [0] * n, [load.tracked for load in loads]), self._next)
             else:
+                loads = [replica_load(r, m) for r, m in zip(self.replicas, self._memory_time)]
                 rank = lowest(mars_scores(loads, [0] * n), self._next)
                 known = self.rank_of.get(conversation) if self.routing is Routing.MARS_AFFINE else None
                 mean = sum(load.memory_time for load in loads) / n
