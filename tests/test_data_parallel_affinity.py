@@ -146,8 +146,15 @@ class Middleware:
 
 
 @pytest.fixture(autouse=True)
-def placement_env(monkeypatch):
-    monkeypatch.delenv("MARSCHED_DP_PLACEMENT", raising=False)
+def placement_env():
+    """`Middleware` sets $MARSCHED_DP_PLACEMENT (the router reads it at its first request): put it back."""
+    import os
+
+    before = os.environ.pop("MARSCHED_DP_PLACEMENT", None)
+    yield
+    os.environ.pop("MARSCHED_DP_PLACEMENT", None)
+    if before is not None:
+        os.environ["MARSCHED_DP_PLACEMENT"] = before
 
 
 def test_every_turn_of_a_conversation_gets_its_rank_and_the_body_is_unchanged(monkeypatch):
@@ -174,6 +181,12 @@ def test_requests_without_a_conversation_and_one_rank_pass_as_they_came():
     assert one.router is None
     off = Middleware(2, placement="off")
     assert serve(off, body(conversation="c"))["headers"] == {}
+
+
+def test_a_bad_placement_in_the_environment_falls_back_to_mars(caplog):
+    bad = Middleware(2, placement="nearest")
+    assert b"x-data-parallel-rank" in serve(bad, body(conversation="c"))["headers"]
+    assert bad.router.placement is Placement.MARS and "MARSCHED_DP_PLACEMENT 'nearest'" in caplog.text
 
 
 def test_several_api_servers_hash_the_conversation():

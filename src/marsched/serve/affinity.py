@@ -27,6 +27,7 @@ from __future__ import annotations
 
 import asyncio
 import json
+import logging
 import os
 import time
 from collections import OrderedDict
@@ -44,6 +45,8 @@ LOOK_EVERY_S = 0.5  # the schedulers recompute their memory × time this often
 LOOK_TIMEOUT_S = 2.0
 REMEMBERED = 100_000  # conversations whose rank is kept; the oldest is forgotten first
 STATE_KEY = "marsched_affinity"  # the router's attribute on vLLM's app.state
+
+logger = logging.getLogger(__name__)
 
 
 @dataclass(frozen=True, slots=True)
@@ -157,7 +160,11 @@ def router_of(scope: dict[str, Any]) -> ConversationRouter | None:
         return None  # not ready: looked at again at the next request
     core = getattr(engine, "engine_core", None)
     ranks = len(getattr(core, "core_engines", ()) or ())
-    placement = placement_from_env()
+    try:
+        placement = placement_from_env()
+    except ValueError as error:  # marsched serve checks it; a hand-made launch may not have
+        logger.warning("marsched: %s; placing conversations by mars", error)
+        placement = Placement.MARS
     router = None
     if ranks > 1 and placement is not Placement.OFF:
         if getattr(core, "client_count", 1) > 1:
