@@ -135,7 +135,8 @@ def test_the_soak_samples_the_process_tree_and_reads_what_is_left(tmp_path):
     assert len(rss["samples"]) >= 3 and rss["peak_mib"] >= 64  # the child's 64 MiB are counted
 
     state = {"data_parallel_size": 2, "ranks": [
-        {"rank": 0, "host_bytes": 0, "scheduler": {"retained_swap": 0, "device_total_blocks": 10, "device_free_blocks": 10}},
+        {"rank": 0, "host_bytes": 0,
+         "scheduler": {"retained_swap": 0, "device_total_blocks": 10, "device_free_blocks": 10}},
         {"rank": 1, "host_bytes": 4096, "scheduler": {"retained_swap": 1, "device_total_blocks": 10,
                                                        "device_free_blocks": 7}}]}
 

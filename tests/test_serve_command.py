@@ -7,7 +7,8 @@ import sys
 import pytest
 
 from marsched.serve.launch import (
-    AFFINITY_MIDDLEWARE, ENTRY, METRICS_MIDDLEWARE, SCHEDULER_CLS, STATE_MIDDLEWARE, STOP_MARKS_MIDDLEWARE, VALIDATOR, ServeOptions,
+    AFFINITY_MIDDLEWARE, ENTRY, METRICS_MIDDLEWARE, SCHEDULER_CLS, STATE_MIDDLEWARE, STOP_MARKS_MIDDLEWARE, VALIDATOR,
+    ServeOptions,
     vllm_command, vllm_environment,
 )
 from marsched.vllm.config import MarsConfig

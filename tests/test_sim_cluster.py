@@ -81,7 +81,8 @@ class FakeReplica:
         self.queue = [None] * waiting
         self.running = [None] * running
         self.device = SimpleNamespace(used=used, capacity=100)
-        self.policy = SimpleNamespace(memory_time_form=lambda progress, load: SimpleNamespace(at=lambda tau: progress.key))
+        self.policy = SimpleNamespace(
+            memory_time_form=lambda progress, load: SimpleNamespace(at=lambda tau: progress.key))
 
     def add(self, key: float) -> None:
         self.live[f"r{len(self.live)}"] = SimpleNamespace(progress=SimpleNamespace(predictions=[1], segment_index=0,

@@ -65,8 +65,8 @@ class MarsStateMiddleware:
         from marsched.serve.affinity import router_of
 
         router = router_of(scope)
-        await _answer(send, 200, {"data_parallel_size": len(ranks),
-                                  "ranks": [{"rank": rank, **_rank_state(workers)} for rank, workers in enumerate(ranks)],
+        each = [{"rank": rank, **_rank_state(workers)} for rank, workers in enumerate(ranks)]
+        await _answer(send, 200, {"data_parallel_size": len(ranks), "ranks": each,
                                   "affinity": router.state() if router is not None else None})
 
 

@@ -72,7 +72,8 @@ def tree_rss(pid: int) -> int:
 
 def after_idle(url: str, process: Any, idle_s: float) -> dict[str, Any]:
     time.sleep(idle_s)
-    left: dict[str, Any] = {"idle_s": idle_s, "alive": process.poll() is None, "health": get(f"{url}/health") is not None}
+    left: dict[str, Any] = {"idle_s": idle_s, "alive": process.poll() is None,
+                            "health": get(f"{url}/health") is not None}
     state = get(f"{url}/marsched/state")
     if state is not None:
         answer = json.loads(state)
