@@ -54,8 +54,8 @@ def test_ties_rotate_and_the_hash_is_stable():
 
 
 def test_placement_names_and_bad_values():
-    assert placement_from_env({}) is Placement.MARS
-    assert placement_from_env({"MARSCHED_DP_PLACEMENT": "least-loaded"}) is Placement.LEAST_LOADED
+    assert placement_from_env({}) is Placement.LEAST_LOADED
+    assert placement_from_env({"MARSCHED_DP_PLACEMENT": "mars"}) is Placement.MARS
     with pytest.raises(ValueError, match="MARSCHED_DP_PLACEMENT 'nearest': give one of mars, least-loaded"):
         placement_from_env({"MARSCHED_DP_PLACEMENT": "nearest"})
 
@@ -183,10 +183,10 @@ def test_requests_without_a_conversation_and_one_rank_pass_as_they_came():
     assert serve(off, body(conversation="c"))["headers"] == {}
 
 
-def test_a_bad_placement_in_the_environment_falls_back_to_mars(caplog):
+def test_a_bad_placement_in_the_environment_falls_back_to_vllms_rule(caplog):
     bad = Middleware(2, placement="nearest")
     assert b"x-data-parallel-rank" in serve(bad, body(conversation="c"))["headers"]
-    assert bad.router.placement is Placement.MARS and "MARSCHED_DP_PLACEMENT 'nearest'" in caplog.text
+    assert bad.router.placement is Placement.LEAST_LOADED and "MARSCHED_DP_PLACEMENT 'nearest'" in caplog.text
 
 
 def test_several_api_servers_hash_the_conversation():

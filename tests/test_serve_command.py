@@ -48,7 +48,7 @@ def test_data_parallel_gets_one_api_server_and_the_placement_unless_given():
     assert "--api-server-count" not in vllm_command(ServeOptions("m", vllm_args=("-dp", "1")))
     given = vllm_command(ServeOptions("m", vllm_args=("-dp", "2", "--api-server-count", "2")))
     assert given.count("--api-server-count") == 1 and given[-1] == "2"
-    assert vllm_environment(ServeOptions("m"), environ={})["MARSCHED_DP_PLACEMENT"] == "mars"
+    assert vllm_environment(ServeOptions("m"), environ={})["MARSCHED_DP_PLACEMENT"] == "least-loaded"
     assert vllm_environment(ServeOptions("m", dp_placement="hash"), environ={})["MARSCHED_DP_PLACEMENT"] == "hash"
     with pytest.raises(ValueError, match="--dp-placement 'nearest': give one of mars, least-loaded, hash, off"):
         ServeOptions("m", dp_placement="nearest").check()

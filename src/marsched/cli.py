@@ -285,9 +285,9 @@ def serve(
         help="Server-side tools (a JSON file, docs/tools.md): chat requests naming them get the tool loop "
              "run by the server.")] = None,
     dp_placement: Annotated[str, typer.Option(
-        help="Under vLLM's --data-parallel-size N: the rank a new conversation goes to ('mars': least predicted "
-             "memory x time in flight; 'least-loaded': vLLM's own balancer's rule; 'hash': of its id; 'off': "
-             "vLLM places every turn anew). Its later turns follow it.")] = "mars",
+        help="Under vLLM's --data-parallel-size N: the rank a new conversation goes to ('least-loaded': vLLM's own "
+             "balancer's rule; 'mars': least predicted memory x time in flight; 'hash': of its id; 'off': vLLM "
+             "places every turn anew). Its later turns follow it.")] = "least-loaded",
 ) -> None:
     """Serve MODEL with vLLM's OpenAI-compatible API, scheduled by MARS (needs vLLM).
 

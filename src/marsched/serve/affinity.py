@@ -11,7 +11,7 @@ the conversation id (`vllm_xargs.marsched.conversation`) of each `POST /v1/compl
 - the rank of its earlier turns, when it has had one here;
 - else the rank the client named in that header (it is kept for the later turns);
 - else the rank the placement rule chooses (`marsched.policy.placement`; `MARSCHED_DP_PLACEMENT`, default
-  `mars`), from each rank's scheduler state, read at most every `LOOK_EVERY_S`.
+  `least-loaded`), from each rank's scheduler state, read at most every `LOOK_EVERY_S`.
 
 A turn with `retain: false` is the conversation's last: its rank is forgotten after it, as it
 is on `DELETE /marsched/conversations/ID` (`state.py`). Requests naming no conversation, and
@@ -141,7 +141,7 @@ class ConversationRouter:
 
 
 def placement_from_env(environ: dict[str, str] | None = None, name: str = f"${ENV}") -> Placement:
-    value = (environ if environ is not None else os.environ).get(ENV, Placement.MARS.value)
+    value = (environ if environ is not None else os.environ).get(ENV, Placement.LEAST_LOADED.value)
     try:
         return Placement(value)
     except ValueError:
@@ -163,8 +163,8 @@ def router_of(scope: dict[str, Any]) -> ConversationRouter | None:
     try:
         placement = placement_from_env()
     except ValueError as error:  # marsched serve checks it; a hand-made launch may not have
-        logger.warning("marsched: %s; placing conversations by mars", error)
-        placement = Placement.MARS
+        logger.warning("marsched: %s; placing conversations by least-loaded", error)
+        placement = Placement.LEAST_LOADED
     router = None
     if ranks > 1 and placement is not Placement.OFF:
         if getattr(core, "client_count", 1) > 1:

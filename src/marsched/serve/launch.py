@@ -102,7 +102,7 @@ class ServeOptions:
     cpu_reserved_cores: int | None = None  # None: $VLLM_CPU_NUM_OF_RESERVED_CPU, else vLLM's
     vllm_args: tuple[str, ...] = ()  # passed on to vLLM's server, after marsched's
     tools: str | None = None  # the server-side tools file (marsched.serve.tool_config); None: none
-    dp_placement: str = "mars"  # a new conversation's data-parallel rank (marsched.policy.placement)
+    dp_placement: str = "least-loaded"  # a new conversation's data-parallel rank (marsched.policy.placement)
 
     def check(self) -> None:
         """Raise ValueError naming the option if something cannot work; changes nothing."""
