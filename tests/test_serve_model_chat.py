@@ -99,7 +99,7 @@ def test_a_fresh_server_reports_its_scheduler_before_any_request(served):
         time.sleep(0.5)
     assert state["scheduler"]["tracked"] == 0 and state["scheduler"]["running"] == 0  # its one step was empty
     assert state["scheduler"]["device_free_blocks"] == state["scheduler"]["device_total_blocks"]
-    assert "marsched_state_up 1.0" in metrics
+    assert 'marsched_state_up{rank="0"} 1.0' in metrics
 
 
 def test_a_tool_calling_chat_runs_end_to_end(served):
