@@ -158,8 +158,10 @@ def router_of(scope: dict[str, Any]) -> ConversationRouter | None:
     engine = getattr(app_state, "engine_client", None)
     if engine is None:
         return None  # not ready: looked at again at the next request
+    from marsched.serve.state import rank_count
+
     core = getattr(engine, "engine_core", None)
-    ranks = len(getattr(core, "core_engines", ()) or ())
+    ranks = rank_count(scope)
     try:
         placement = placement_from_env()
     except ValueError as error:  # marsched serve checks it; a hand-made launch may not have
@@ -171,18 +173,15 @@ def router_of(scope: dict[str, Any]) -> ConversationRouter | None:
             placement = Placement.HASH
 
         async def look() -> list[RankLoad]:
+            from marsched.serve.metrics import MarsSnapshot
             from marsched.serve.state import ask_ranks
 
             ranks_state = await ask_ranks(scope, timeout_s=LOOK_TIMEOUT_S)
-            return [RankLoad.from_state(_scheduler(workers)) for workers in ranks_state]
+            return [RankLoad.from_state(MarsSnapshot.from_workers(workers).scheduler) for workers in ranks_state]
 
         router = ConversationRouter(ranks, placement, look)
     setattr(app_state, STATE_KEY, router)
     return router
-
-
-def _scheduler(workers: list[dict[str, Any]]) -> dict[str, Any]:
-    return next((w["scheduler"] for w in workers if isinstance(w.get("scheduler"), dict)), {})
 
 
 def _given_rank(headers: list[tuple[bytes, bytes]]) -> int | None:
