@@ -82,6 +82,10 @@ AdmissionOpt = Annotated[str, typer.Option(
     help="Admission: greedy, predicted-peak, or 'default' (predicted-peak for mars, greedy for the others).")]
 RefreshOpt = Annotated[int, typer.Option(help="Recompute ranking keys every k iterations.")]
 JsonOpt = Annotated[Path | None, typer.Option("--json", help="Write the metrics records (a JSON list) here.")]
+PrefixCacheOpt = Annotated[bool, typer.Option(
+    "--prefix-cache/--no-prefix-cache",
+    help="Keep freed KV blocks' content for a later prefix hit, as vLLM V1 does (on by default); "
+         "off: the engines of the paper (vLLM 0.2). vllm-v0 and infercept-code never have it.")]
 TokenScaleOpt = Annotated[float, typer.Option(
     help="Multiply every token count of the trace (contexts, outputs, returns) by this, e.g. 0.25 to fit "
          "claude-code's long contexts into a profile's KV cache; every record states it.")]
@@ -107,7 +111,7 @@ def main(version: Annotated[bool, typer.Option(
 def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float, seed: int, predictor: str,
               api_estimator: str, starvation_threshold: str, starvation: str, admission: str, refresh_interval: int,
               strict: bool, trace_out: str | None = None, token_scale: float = 1.0, replicas: int = 1,
-              routing: str = "least-loaded") -> RunSpec:
+              routing: str = "least-loaded", prefix_cache: bool = True) -> RunSpec:
     """The run the shared options of simulate and compare describe, each option checked on its own."""
     threshold = checked(lambda: check_run_options(
         profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
@@ -116,7 +120,7 @@ def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float
     checked(lambda: check_positive("--token-scale", token_scale))
     return RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold, refresh_interval,
                    trace_out, strict=strict, starvation=starvation, admission=admission, token_scale=token_scale,
-                   replicas=replicas, routing=routing)
+                   replicas=replicas, routing=routing, prefix_cache=prefix_cache)
 
 
 @app.command()
@@ -139,13 +143,14 @@ def simulate(
     token_scale: TokenScaleOpt = 1.0,
     replicas: ReplicasOpt = 1,
     routing: RoutingOpt = "least-loaded",
+    prefix_cache: PrefixCacheOpt = True,
 ) -> None:
     """Simulate one policy at one arrival rate."""
     checked(lambda: check_policy("--policy", policy))
     checked(lambda: check_positive("--qps", qps))
     spec = _run_spec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, starvation_threshold,
                      starvation, admission, refresh_interval, strict, str(trace_out) if trace_out else None,
-                     token_scale, replicas, routing)
+                     token_scale, replicas, routing, prefix_cache)
     check_outputs(json_path=json_path, trace_out=trace_out)
     checked(spec.build)  # what is left: combinations of options
     with trace_warnings_once():
@@ -188,6 +193,7 @@ def compare(
     token_scale: TokenScaleOpt = 1.0,
     replicas: ReplicasOpt = 1,
     routing: RoutingOpt = "least-loaded",
+    prefix_cache: PrefixCacheOpt = True,
 ) -> None:
     """Run several policies at several arrival rates on the same workload and engine."""
     names = comma_names(policies)
@@ -200,7 +206,7 @@ def compare(
         fail(f"--workers {workers}: give 0 (one per core) or a number of processes >= 1")
     base = _run_spec(names[0], rates[0], trace, profile, duration, seed, predictor, api_estimator,
                      starvation_threshold, starvation, admission, refresh_interval, strict, token_scale=token_scale,
-                     replicas=replicas, routing=routing)
+                     replicas=replicas, routing=routing, prefix_cache=prefix_cache)
     check_outputs(json_path=json_path, plot=plot)
     specs = grid(base, names, rates)
     for spec in specs:

@@ -49,6 +49,7 @@ class RunSpec:
     token_scale: float = 1.0  # × every token count of the trace (long contexts on small profiles)
     replicas: int = 1  # engines of the profile behind a router (sim/cluster.py)
     routing: str = "least-loaded"  # the router's rule, with replicas > 1
+    prefix_cache: bool = True  # the engine keeps freed blocks' content (vLLM V1); off: vLLM 0.2's engine
 
     def build(self):
         """Profile and policy for this spec; raises ValueError naming what is wrong."""
@@ -65,7 +66,8 @@ class RunSpec:
             extra["starvation"] = self.starvation
         if self.admission != _DEFAULT:
             extra["admission"] = self.admission
-        policy = make_policy(self.policy, profile.cost, predictor, refresh_interval=self.refresh_interval, **extra)
+        policy = make_policy(self.policy, profile.cost, predictor, refresh_interval=self.refresh_interval,
+                             prefix_cache=self.prefix_cache, **extra)
         return profile, policy
 
 
@@ -107,6 +109,7 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
         "api_time_scale": spec.api_time_scale,
         "token_scale": spec.token_scale,
         **policy_fields(policy),
+        "prefix_cache": policy.prefix_cache,
         "num_requests": len(requests),
     }
     record.update(summarize(result.records))

@@ -121,6 +121,9 @@ class Policy:
     refresh_tolerance: float = 0.05  # ...when the load they follow moved by more than this fraction
     terms: RankingTerms = field(default_factory=RankingTerms)
     admission: Admission = Admission.GREEDY
+    # The engine keeps freed KV blocks' content for a later prefix hit (vLLM V1's automatic prefix
+    # caching): a discarded or preempted request recomputes only what was evicted meanwhile.
+    prefix_cache: bool = False
     # Tfwd by token count, for the cost it was computed with: a MARS key asks it for every later
     # call at every push, of the same few contexts.
     _recompute_memo: tuple[CostModel | None, dict[int, float]] = field(

@@ -17,6 +17,7 @@ from marsched.predict.segment import SegmentPredictor
 # name -> (order, rule, fixed strategy, MARS's defaults: starvation prevention and predicted-peak admission)
 _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
     "vllm": (Order.FCFS_REENTRY, StrategyRule.END_AT_CALL, None, False),
+    "vllm-v0": (Order.FCFS_REENTRY, StrategyRule.END_AT_CALL, None, False),
     "infercept": (Order.FCFS, StrategyRule.AT_CALL, None, False),
     "infercept-code": (Order.FCFS, StrategyRule.BUDGETED, None, False),
     "sjf": (Order.REMAINING_TOKENS, StrategyRule.AHEAD, None, False),
@@ -27,6 +28,9 @@ _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
 }
 
 POLICY_NAMES: tuple[str, ...] = tuple(_NAMED)
+# Policies that model an engine without a prefix cache, whatever the run asks: vLLM 0.2 (the
+# paper's stock vLLM) and INFERCEPT's published code (a fork of vLLM 0.2).
+NO_PREFIX_CACHE: frozenset[str] = frozenset({"vllm-v0", "infercept-code"})
 # Policies only the simulator runs: INFERCEPT's code moves parts of a request's KV, which vLLM's
 # KV manager does not.
 SIMULATOR_ONLY: frozenset[str] = frozenset(n for n, (_, rule, _, _) in _NAMED.items() if rule is StrategyRule.BUDGETED)
@@ -82,13 +86,15 @@ def make_policy(
     terms: RankingTerms | None = None,
     starvation: str | object = _DEFAULT,
     admission: Admission | str | object = _DEFAULT,
+    prefix_cache: bool = False,
 ) -> Policy:
     """Build a named policy.
 
     `starvation` picks a variant of `STARVATION_VARIANTS` (MARS's default `age`; the
     others' default `off`); `starvation_threshold` overrides its threshold, in its clock's
     units, and `None` turns prevention off. `admission` defaults to predicted-peak for MARS
-    and greedy for the others.
+    and greedy for the others. `prefix_cache`: the engine keeps freed blocks' content (vLLM V1);
+    the policies in `NO_PREFIX_CACHE` model an engine that does not, and ignore it.
     """
     if name not in _NAMED:
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICY_NAMES)}")
@@ -127,6 +133,7 @@ def make_policy(
         refresh_interval=refresh_interval,
         terms=terms or RankingTerms(),
         admission=admission,
+        prefix_cache=prefix_cache and name not in NO_PREFIX_CACHE,
     )
 
 

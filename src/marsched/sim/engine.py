@@ -39,6 +39,7 @@ from marsched.sim.stretch import (
 )
 from marsched.sim.link import HostLink
 from marsched.sim.memory import BlockPool, blocks_for, check_fits
+from marsched.sim.prefix_cache import CachingBlockPool
 from marsched.sim.profile import Profile
 from marsched.workload.model import Request
 
@@ -67,7 +68,7 @@ class Simulator:
         self.trace = trace or EventTrace()
         self.on_step = on_step
         self.on_progress = on_progress
-        self.device = BlockPool("device", profile.device_blocks)
+        self.device = (CachingBlockPool if policy.prefix_cache else BlockPool)("device", profile.device_blocks)
         self.host = BlockPool("host", profile.host_blocks)
         self.link_out = HostLink(self.cost.swap_tokens_per_s)
         self.link_in = HostLink(self.cost.swap_tokens_per_s)
@@ -175,9 +176,17 @@ class Simulator:
         pass  # the blocks stay where they are
 
     def discard(self, sim_request: SimRequest) -> None:
-        self.device.release(sim_request.device_blocks)
+        self._free_keeping_prefix(sim_request)
         sim_request.device_blocks = 0
         sim_request.progress.computed_tokens = 0
+
+    def _free_keeping_prefix(self, sim_request: SimRequest) -> None:
+        """Free the request's device blocks; with a prefix cache its full ones keep their content."""
+        if self.policy.prefix_cache:
+            self.device.release(sim_request.device_blocks, sim_request.rid,
+                                min(sim_request.progress.computed_tokens // self.block_tokens, sim_request.device_blocks))
+        else:
+            self.device.release(sim_request.device_blocks)
 
     def swap_out(self, sim_request: SimRequest) -> None:
         self.host.allocate(sim_request.device_blocks)
@@ -247,6 +256,8 @@ class Simulator:
         self.device.release(from_device)
         sim_request.device_blocks -= from_device
         sim_request.progress.computed_tokens = min(sim_request.progress.computed_tokens, keep_tokens)
+        if self.policy.prefix_cache:  # cached blocks past the kept prefix hold what the client dropped
+            self.device.queue.truncate(sim_request.rid, keep_tokens // self.block_tokens)
 
     def _reconsider_paused(self) -> None:
         self.lifecycle.reconsider_paused()
@@ -299,10 +310,15 @@ class Simulator:
                     break
                 admitted = True
                 continue
-            tokens = min(progress.pending_tokens, budget)
-            if not self._fits(sim_request, tokens):
+            hit = self._prefix_hit(sim_request)
+            tokens = min(progress.context_tokens - hit * self.block_tokens - progress.computed_tokens, budget)
+            if blocks_for(hit * self.block_tokens + tokens, self.block_tokens) > self.device.free:
                 self.queue.push_back(progress)
                 break
+            if hit:
+                self.device.take_back(sim_request.rid, hit)
+                sim_request.device_blocks = hit
+                progress.computed_tokens = hit * self.block_tokens
             self._grow(sim_request, tokens)
             self._leave_queue(sim_request, tokens)
             sim_request.phase = Phase.RUNNING
@@ -311,6 +327,15 @@ class Simulator:
             budget -= tokens
             admitted = True
         return admitted
+
+    def _prefix_hit(self, sim_request: SimRequest) -> int:
+        """Blocks a request that holds none takes back from the prefix cache: its leading blocks
+        still cached, short of its last token, which is computed again for its logits (as vLLM's
+        `get_computed_blocks` caps a hit)."""
+        if not self.policy.prefix_cache or sim_request.device_blocks:
+            return 0
+        limit = (sim_request.progress.context_tokens - 1) // self.block_tokens
+        return min(self.device.queue.cached(sim_request.rid), limit)
 
     def _has_sequence_room(self) -> bool:
         """Whether the profile's cap on running requests (vLLM's max_num_seqs) lets one more in. A
@@ -351,7 +376,7 @@ class Simulator:
 
     def _preempt(self, sim_request: SimRequest, requester: SimRequest | None = None) -> None:
         progress = sim_request.progress
-        self.device.release(sim_request.device_blocks)
+        self._free_keeping_prefix(sim_request)
         self.lifecycle.preempted(sim_request, sim_request.device_blocks, requester)
         sim_request.device_blocks = 0
         progress.computed_tokens = 0
@@ -521,6 +546,8 @@ class Simulator:
         sim_request.phase = Phase.FINISHED
         sim_request.finish_s = self.now
         del self.live[sim_request.rid]
+        if self.policy.prefix_cache:
+            self.device.queue.forget(sim_request.rid)
         self.queue.finished(sim_request.rid)
         record = finished_record(sim_request, self.cost)
         self.records.append(record)

@@ -21,6 +21,11 @@ def check_invariants(sim: "Simulator") -> None:
         )
     if not (0 <= sim.device.used <= sim.device.capacity and 0 <= sim.host.used <= sim.host.capacity):
         raise AssertionError("block pool outside its capacity")
+    queue = getattr(sim.device, "queue", None)
+    if queue is not None:  # the prefix cache's free queue holds exactly the free blocks
+        queue.check()
+        if queue.free != sim.device.free:
+            raise AssertionError(f"free queue holds {queue.free} blocks, the pool has {sim.device.free} free")
     for r in sim.live.values():
         p = r.progress
         held = r.device_blocks + r.host_blocks if r.transfer is None else r.device_blocks

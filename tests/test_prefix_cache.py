@@ -1,0 +1,187 @@
+"""The simulator's prefix cache (`sim/prefix_cache.py`): its free queue against a block-by-block
+reference of vLLM V1's, hand-worked LRU evictions, and whole runs that conserve every block."""
+
+from __future__ import annotations
+
+import random
+
+import pytest
+
+from marsched.bench.runner import RunSpec, run_one
+from marsched.policy.registry import POLICY_NAMES, SIMULATOR_ONLY, make_policy
+from marsched.sim.engine import Simulator
+from marsched.sim.prefix_cache import CachingBlockPool, FreeBlockQueue
+from marsched.sim.profile import load_profile, scale_kv_capacity
+from marsched.sim.select import make_simulator
+from marsched.workload.loader import load_trace
+from marsched.workload.arrivals import poisson_arrivals
+from marsched.workload.model import ApiCall, ApiType, build_request
+from tests.test_engine_semantics import Recorder
+
+
+class ReferenceQueue:
+    """vLLM V1's free block queue, one block at a time: a list (head first) of block ids, each
+    block's content (owner, index) or None; blocks are handed out from the head and freed to the
+    tail, a request's tail block first."""
+
+    def __init__(self, blocks: int) -> None:
+        self.queue = list(range(blocks))
+        self.content: dict[int, tuple[str, int] | None] = dict.fromkeys(self.queue)
+        self.held: dict[str, list[int]] = {}
+
+    def allocate(self, owner: str, n: int) -> None:
+        taken, self.queue = self.queue[:n], self.queue[n:]
+        for block in taken:
+            self.content[block] = None  # evicted
+        self.held.setdefault(owner, []).extend(taken)
+
+    def _invalidate(self, owner: str, from_index: int = 0) -> None:
+        for block in self.queue:
+            c = self.content[block]
+            if c is not None and c[0] == owner and c[1] >= from_index:
+                self.content[block] = None
+
+    def release(self, owner: str, full: int) -> None:
+        self._invalidate(owner)
+        blocks = self.held.pop(owner, [])
+        for index, block in enumerate(blocks):
+            self.content[block] = (owner, index) if index < full else None
+        self.queue.extend(reversed(blocks))
+
+    def cached(self, owner: str) -> int:
+        present = {self.content[b][1] for b in self.queue if self.content[b] and self.content[b][0] == owner}
+        count = 0
+        while count in present:
+            count += 1
+        return count
+
+    def take(self, owner: str, limit: int) -> int:
+        hit = min(self.cached(owner), limit)
+        by_index = {self.content[b][1]: b for b in self.queue if self.content[b] and self.content[b][0] == owner}
+        blocks = [by_index[i] for i in range(hit)]
+        self.queue = [b for b in self.queue if b not in blocks]
+        self._invalidate(owner)
+        for block in blocks:
+            self.content[block] = None
+        self.held[owner] = blocks
+        return hit
+
+    def truncate(self, owner: str, keep: int) -> None:
+        self._invalidate(owner, keep)
+
+    @property
+    def cached_blocks(self) -> int:
+        return sum(1 for b in self.queue if self.content[b] is not None)
+
+
+@pytest.mark.parametrize("seed", range(40))
+def test_free_queue_hits_equal_a_block_by_block_reference(seed: int) -> None:
+    rng = random.Random(seed)
+    capacity = rng.randint(8, 60)
+    ours, ref = FreeBlockQueue(capacity), ReferenceQueue(capacity)
+    held: dict[str, int] = {}  # owner -> blocks it holds, as the engine tracks them
+    owners = [f"r{i}" for i in range(6)]
+    for _ in range(300):
+        owner = rng.choice(owners)
+        op = rng.random()
+        if owner in held:
+            if op < 0.5 and ours.free:  # grows
+                n = rng.randint(1, ours.free)
+                ours.allocate(n)
+                ref.allocate(owner, n)
+                held[owner] += n
+            else:  # frees: some of its leading blocks full (a partial last block is not cached)
+                full = rng.randint(0, held[owner])
+                ours.release(owner, held.pop(owner), full)
+                ref.release(owner, full)
+        elif op < 0.5:  # admitted: takes back what it can (a hit capped like the last token's block)
+            limit = rng.randint(0, 20)
+            hit = ours.take(owner, limit)
+            assert hit == ref.take(owner, limit)
+            held[owner] = hit
+            n = rng.randint(0, ours.free)
+            ours.allocate(n)
+            ref.allocate(owner, n)
+            held[owner] += n
+        elif op < 0.7:
+            keep = rng.randint(0, 10)
+            ours.truncate(owner, keep)
+            ref.truncate(owner, keep)
+        elif op < 0.75:
+            ours.forget(owner)
+            ref.truncate(owner, 0)
+        ours.check()
+        assert ours.free == len(ref.queue)
+        assert ours.cached_blocks == ref.cached_blocks
+        for o in owners:
+            assert ours.cached(o) == ref.cached(o), o
+
+
+def test_lru_eviction_takes_the_least_recently_freed_tail_first() -> None:
+    """Hand-worked: 10 blocks. a holds 4 (3 full), b holds 3 (3 full), both free (a first), then
+    5 blocks are handed out: the 3 never used go first, then a's partial block, then a's last
+    full block (its block 2). a keeps blocks 0-1, b all 3."""
+    pool = CachingBlockPool("device", 10)
+    pool.allocate(4)  # a
+    pool.allocate(3)  # b
+    pool.release(4, "a", 3)
+    pool.release(3, "b", 3)
+    assert (pool.queue.cached("a"), pool.queue.cached("b"), pool.free) == (3, 3, 10)
+    pool.allocate(5)
+    assert (pool.queue.cached("a"), pool.queue.cached("b")) == (2, 3)
+    pool.allocate(2)  # a's blocks 1 and 0
+    assert (pool.queue.cached("a"), pool.queue.cached("b")) == (0, 3)
+    assert pool.take_back("b", 2) == 2  # the hit is capped; b's block 2 stays, worth nothing now
+    assert (pool.used, pool.queue.cached_blocks, pool.queue.cached("b")) == (9, 0, 0)
+    pool.queue.check()
+
+
+def _one_call_request(rid: str, arrival_s: float, prompt: int = 64, out: int = 8, call_s: float = 5.0):
+    return build_request(rid, prompt, [(out, ApiCall(ApiType.MATH, call_s, 4)), (out, None)], arrival_s)
+
+
+def test_stock_vllm_recomputes_only_what_the_cache_lost() -> None:
+    """One request alone, a prompt of 4 blocks: stock vLLM ends it at its call; with the prefix
+    cache its return computes only the 8 tokens it generated and the 4 returned (its 4 full blocks
+    come back), without the cache the whole context (4 blocks + 12 tokens)."""
+    profile = load_profile("gptj-6b-a100")
+    block = profile.block_tokens
+    prefills = {}
+    for cached in (True, False):
+        policy = make_policy("vllm", profile.cost, prefix_cache=cached)
+        trace = Recorder()
+        Simulator([_one_call_request("a", 0.0, prompt=4 * block)], profile, policy, trace=trace).run()
+        prefills[cached] = [e["prefill_tokens"] for e in trace.events if e["event"] == "admit"]
+    assert prefills[False] == [4 * block, 4 * block + 12]
+    assert prefills[True] == [4 * block, 12]
+
+
+def test_vllm_v0_never_caches() -> None:
+    cost = load_profile("gptj-6b-a100").cost
+    assert not make_policy("vllm-v0", cost, prefix_cache=True).prefix_cache
+    assert not make_policy("infercept-code", cost, prefix_cache=True).prefix_cache
+    assert make_policy("vllm", cost, prefix_cache=True).prefix_cache
+
+
+@pytest.mark.parametrize("policy", [p for p in POLICY_NAMES])
+def test_every_policy_conserves_blocks_with_the_prefix_cache(policy: str) -> None:
+    """Memory binds (a small KV cache): every block is in use by a live request or in the free
+    queue, after every step, and every request finishes."""
+    profile = load_profile("gptj-6b-a100")
+    profile = scale_kv_capacity(profile, 0.05)
+    templates = [t for t in load_trace("agent") if t.final_context_tokens + 1 <= profile.device_blocks * profile.block_tokens]
+    requests = poisson_arrivals(templates, 0.5, 120, 3)
+    sim = make_simulator(requests, profile, make_policy(policy, profile.cost, prefix_cache=True),
+                         on_step=lambda s: s.check_invariants())
+    result = sim.run()
+    assert len(result.records) == len(requests)
+    assert sim.device.used == 0 and sim.host.used == 0
+
+
+def test_the_cache_changes_a_loaded_run_and_the_record_says_so() -> None:
+    on = run_one(RunSpec(policy="vllm", qps=5, duration_s=120))
+    off = run_one(RunSpec(policy="vllm", qps=5, duration_s=120, prefix_cache=False))
+    v0 = run_one(RunSpec(policy="vllm-v0", qps=5, duration_s=120))
+    assert (on["prefix_cache"], off["prefix_cache"], v0["prefix_cache"]) == (True, False, False)
+    assert on["e2e_mean_s"] < off["e2e_mean_s"]
+    assert v0["e2e_mean_s"] == off["e2e_mean_s"]
