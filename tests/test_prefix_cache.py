@@ -21,8 +21,8 @@ from tests.test_engine_semantics import Recorder
 
 class ReferenceQueue:
     """vLLM V1's free block queue, one block at a time: a list (head first) of block ids, each
-    block's content (owner, index) or None; blocks are handed out from the head and freed to the
-    tail, a request's tail block first."""
+    block's content (owner, index) or None; blocks are handed out from the head; full blocks are
+    freed to the tail, a request's tail block first, the others to the head."""
 
     def __init__(self, blocks: int) -> None:
         self.queue = list(range(blocks))
@@ -41,12 +41,12 @@ class ReferenceQueue:
             if c is not None and c[0] == owner and c[1] >= from_index:
                 self.content[block] = None
 
-    def release(self, owner: str, full: int) -> None:
+    def release(self, owner: str, full: int, finished: bool = False) -> None:
         self._invalidate(owner)
         blocks = self.held.pop(owner, [])
         for index, block in enumerate(blocks):
-            self.content[block] = (owner, index) if index < full else None
-        self.queue.extend(reversed(blocks))
+            self.content[block] = (owner, index) if index < full and not finished else None
+        self.queue = list(reversed(blocks[full:])) + self.queue + list(reversed(blocks[:full]))
 
     def cached(self, owner: str) -> int:
         present = {self.content[b][1] for b in self.queue if self.content[b] and self.content[b][0] == owner}
@@ -92,8 +92,9 @@ def test_free_queue_hits_equal_a_block_by_block_reference(seed: int) -> None:
                 held[owner] += n
             else:  # frees: some of its leading blocks full (a partial last block is not cached)
                 full = rng.randint(0, held[owner])
-                ours.release(owner, held.pop(owner), full)
-                ref.release(owner, full)
+                finished = rng.random() < 0.2  # its content is of no use to anyone
+                ours.release(None if finished else owner, held.pop(owner), full)
+                ref.release(owner, full, finished)
         elif op < 0.5:  # admitted: takes back what it can (a hit capped like the last token's block)
             limit = rng.randint(0, 20)
             hit = ours.take(owner, limit)
@@ -119,8 +120,8 @@ def test_free_queue_hits_equal_a_block_by_block_reference(seed: int) -> None:
 
 def test_lru_eviction_takes_the_least_recently_freed_tail_first() -> None:
     """Hand-worked: 10 blocks. a holds 4 (3 full), b holds 3 (3 full), both free (a first), then
-    5 blocks are handed out: the 3 never used go first, then a's partial block, then a's last
-    full block (its block 2). a keeps blocks 0-1, b all 3."""
+    5 blocks are handed out: a's partial block (no hash: to the head) and the 3 never used go
+    first, then a's last full block (its block 2). a keeps blocks 0-1, b all 3."""
     pool = CachingBlockPool("device", 10)
     pool.allocate(4)  # a
     pool.allocate(3)  # b

@@ -26,6 +26,7 @@ _FIRST_REASONS = {
     StrategyRule.AT_CALL: {"at-call", "request"},
     StrategyRule.END_AT_CALL: {"fixed"},
     StrategyRule.BUDGETED: {"at-call", "request"},
+    StrategyRule.TTL: {"ttl"},
 }
 _AT_CALL_RULES = (StrategyRule.AT_CALL, StrategyRule.BUDGETED)  # decided when the call starts
 
@@ -86,6 +87,9 @@ class StrategyRules:
         elif (reason == "reconsidered" and self.rule is StrategyRule.AT_CALL and state.in_call is not None
               and before == "preserve"):
             pass  # INFERCEPT revisits a preserved call
+        elif (reason in ("ttl-expired", "pressure") and self.rule is StrategyRule.TTL and state.in_call is not None
+              and (before, strategy) == ("preserve", "discard")):
+            pass  # Continuum gives up a pin when its time-to-live ends or memory runs short
         elif (reason == "reconsidered" and self.rule is StrategyRule.BUDGETED and state.in_call is not None
               and (before == "preserve" or (before, strategy) == ("swap", "discard"))):
             pass  # INFERCEPT's code discards or swaps out a preserved call, or drops a swapped one for host room
@@ -104,7 +108,8 @@ class StrategyRules:
                 StrategyRule.FIXED: "one fixed strategy ('fixed')",
                 StrategyRule.AT_CALL: "at the call ('at-call')",
                 StrategyRule.END_AT_CALL: "discard at every call ('fixed')",
-                StrategyRule.BUDGETED: "preserve at the call ('at-call')"}[self.rule]
+                StrategyRule.BUDGETED: "preserve at the call ('at-call')",
+                StrategyRule.TTL: "a pin for a time-to-live at the call ('ttl')"}[self.rule]
 
     def on_admit(self, line: Line) -> None:
         state = self._segment(line.event)

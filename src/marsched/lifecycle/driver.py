@@ -177,6 +177,7 @@ class CallLifecycle:
         handle.max_wait_s = max(handle.max_wait_s, wait)
         progress = handle.progress
         progress.ran_before = True
+        self.policy.observe_admission(progress, wait)
         iteration = self.engine.current_iteration()
         if progress.promoted or progress.elder:
             self.policy.protect(progress, iteration)
@@ -289,11 +290,26 @@ class CallLifecycle:
                 self.paused_preserved.pop(rid, None)
                 self.on_fault(handle, error, "reconsidering a paused request")
 
+    def release_pinned(self) -> bool:
+        """Memory ran short: give up the newest program's preserved call (Continuum's pins under
+        pressure). False when no call is preserved."""
+        pinned = [h for h in self.paused_preserved.values() if self.engine.holds_preserved(h)]
+        if not pinned:
+            return False
+        handle = max(pinned, key=lambda h: (h.progress.order_s, h.rid))
+        before = len(handle.progress.assignments)
+        del self.paused_preserved[handle.rid]
+        strategy = self.policy.release_pin(handle.progress, self.engine.load())
+        handle.strategies[-1] = strategy.value
+        self._move(handle, strategy, before)
+        return True
+
     def call_returned(self, handle: Any, observed: ApiCall | None, return_tokens: int) -> None:
         """The call's answer is here. `observed`: the call as it happened, for the duration
         estimator (None: a call the plan did not have)."""
         if observed is not None:
             self.policy.predictor.observe(observed)
+            self.policy.observe_call(observed.api_type.value, observed.duration_s)
         self.paused_preserved.pop(handle.progress.request_id, None)
         self.emit("api_end", handle, return_tokens=return_tokens)
 
@@ -317,6 +333,8 @@ class CallLifecycle:
 
     def finished(self, handle: Any, e2e_s: float, ttft_s: float, status: str = "finished") -> None:
         self.paused_preserved.pop(handle.progress.request_id, None)
+        if status == "finished":
+            self.policy.observe_finish(handle.progress)
         self.emit("finish", handle, e2e_s=e2e_s, ttft_s=ttft_s, status=status, strategies=list(handle.strategies),
                   preemptions=handle.preemptions)
 

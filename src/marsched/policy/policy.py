@@ -17,6 +17,7 @@ from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.ranking import KeyForm, RankingTerms, SegmentOutlook, remaining_area_form
 from marsched.policy.strategy import Strategy
+from marsched.policy.ttl import FixedTtl, PaperTtl
 from marsched.policy.waste import CallCosts, call_wastes, cheapest
 from marsched.predict.segment import SegmentPredictor
 
@@ -39,6 +40,9 @@ class StrategyRule(str, Enum):
     # INFERCEPT's published code: preserve at the call; every iteration discard by chunked-recompute
     # waste and swap targets out within a per-iteration block budget (`infercept_code.py`, simulator only)
     BUDGETED = "budgeted"
+    # Continuum: the KV is kept for a time-to-live after the call (`ttl.py`), then freed; pins are
+    # released, newest program first, when memory runs short
+    TTL = "ttl"
 
 
 class StarvationClock(str, Enum):
@@ -124,6 +128,7 @@ class Policy:
     # The engine keeps freed KV blocks' content for a later prefix hit (vLLM V1's automatic prefix
     # caching): a discarded or preempted request recomputes only what was evicted meanwhile.
     prefix_cache: bool = False
+    ttl: PaperTtl | FixedTtl | None = None  # the TTL rule's estimator (StrategyRule.TTL)
     # Tfwd by token count, for the cost it was computed with: a MARS key asks it for every later
     # call at every push, of the same few contexts.
     _recompute_memo: tuple[CostModel | None, dict[int, float]] = field(
@@ -134,6 +139,8 @@ class Policy:
             raise ValueError(f"refresh interval must be >= 1 iteration, got {self.refresh_interval}")
         if (self.rule is StrategyRule.FIXED) != (self.fixed_strategy is not None):
             raise ValueError("a fixed strategy goes with the FIXED rule, and only with it")
+        if (self.rule is StrategyRule.TTL) != (self.ttl is not None):
+            raise ValueError("a TTL estimator goes with the TTL rule, and only with it")
 
     # --- strategies -------------------------------------------------------------------
 
@@ -143,7 +150,13 @@ class Policy:
 
     @property
     def reconsiders_paused(self) -> bool:
-        return self.rule in (StrategyRule.AT_CALL, StrategyRule.BUDGETED)
+        return self.rule in (StrategyRule.AT_CALL, StrategyRule.BUDGETED, StrategyRule.TTL)
+
+    @property
+    def releases_pins(self) -> bool:
+        """Whether preserved calls are given up, newest program first, before a running request is
+        preempted or while a waiting one does not fit (Continuum's pins under pressure)."""
+        return self.rule is StrategyRule.TTL
 
     @property
     def keys_follow_load(self) -> bool:
@@ -182,6 +195,12 @@ class Policy:
         elif self.rule is StrategyRule.BUDGETED:  # every call starts preserved; the engine revisits it
             progress.assign(StrategyAssignment(progress.segment_index, Strategy.PRESERVE, load.now_s,
                                                progress.computed_tokens, progress.segment.api.duration_s, "at-call"))
+        elif self.rule is StrategyRule.TTL:
+            ttl = self.ttl.ttl_s(progress.segment.api.api_type.value, progress.computed_tokens)
+            strategy = Strategy.PRESERVE if ttl > 0 else Strategy.DISCARD
+            # For a pin, `api_s` is the time-to-live: the pin's end is the call's start plus it.
+            progress.assign(StrategyAssignment(progress.segment_index, strategy, load.now_s, progress.computed_tokens,
+                                               ttl, "ttl"))
         elif self.rule is StrategyRule.AT_CALL:
             api_s = progress.segment.api.duration_s  # INFERCEPT uses the true call time (oracle)
             strategy = self._cheapest(progress.computed_tokens, api_s, load, kept_tokens=self._kept(progress))
@@ -191,7 +210,12 @@ class Policy:
         return progress.strategy
 
     def reconsider(self, progress: RequestProgress, load: EngineLoad) -> Strategy | None:
-        """For AT_CALL, while a call is preserved: a cheaper strategy given the remaining time, or None."""
+        """For AT_CALL, while a call is preserved: a cheaper strategy given the remaining time, or None.
+        For TTL: discard once the pin's time-to-live is over."""
+        if self.rule is StrategyRule.TTL and progress.strategy is Strategy.PRESERVE:
+            if load.now_s < self.pin_expiry_s(progress):
+                return None
+            return self.release_pin(progress, load, "ttl-expired")
         if self.rule is not StrategyRule.AT_CALL or progress.strategy is not Strategy.PRESERVE:
             return None
         remaining_s = self.remaining_call_s(progress, load)
@@ -204,6 +228,36 @@ class Policy:
             )
         )
         return strategy
+
+    @staticmethod
+    def pin_expiry_s(progress: RequestProgress) -> float:
+        """When a TTL pin on the current call ends."""
+        return progress.api_started_s + progress.assignments[-1].api_s
+
+    def release_pin(self, progress: RequestProgress, load: EngineLoad, reason: str = "pressure") -> Strategy:
+        """Give up a pinned call's KV (its TTL ended, or memory ran short): discard."""
+        progress.assign(StrategyAssignment(progress.segment_index, Strategy.DISCARD, load.now_s,
+                                           progress.computed_tokens, 0.0, reason))
+        return Strategy.DISCARD
+
+    def observe_call(self, api_type: str, duration_s: float) -> None:
+        """A call returned after `duration_s` (the TTL rule learns tool times from it)."""
+        if self.ttl is not None:
+            self.ttl.observe_call(api_type, duration_s)
+
+    def observe_admission(self, progress: RequestProgress, wait_s: float) -> None:
+        """A request left the queue after `wait_s`. The TTL rule's queueing delay counts the turns
+        whose program lost its KV at the call before (Continuum's `SlidingWindowMean`)."""
+        if self.ttl is None or progress.segment_index == 0 or progress.generated:
+            return
+        before = [a for a in progress.assignments if a.segment_index == progress.segment_index - 1]
+        if before and before[-1].strategy is Strategy.DISCARD:
+            self.ttl.observe_queue_delay(wait_s)
+
+    def observe_finish(self, progress: RequestProgress) -> None:
+        """A program finished: its turns feed the TTL rule's η."""
+        if self.ttl is not None:
+            self.ttl.observe_program(len(progress.request.segments))
 
     def host_full_fallback(self, progress: RequestProgress, load: EngineLoad) -> Strategy:
         """The call was to swap but host memory has no room: the cheaper of preserve and discard."""
@@ -222,7 +276,7 @@ class Policy:
         conversation between its turns): this policy's rule, with the prediction as the call time."""
         if self.rule is StrategyRule.FIXED:
             return self.fixed_strategy
-        if self.rule is StrategyRule.END_AT_CALL:
+        if self.rule in (StrategyRule.END_AT_CALL, StrategyRule.TTL):
             return Strategy.DISCARD
         return self._cheapest(context_tokens, gap_s, load)
 

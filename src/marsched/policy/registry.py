@@ -12,6 +12,7 @@ from marsched.policy.policy import (
 )
 from marsched.policy.ranking import RankingTerms
 from marsched.policy.strategy import Strategy
+from marsched.policy.ttl import FixedTtl, PaperTtl
 from marsched.predict.segment import SegmentPredictor
 
 # name -> (order, rule, fixed strategy, MARS's defaults: starvation prevention and predicted-peak admission)
@@ -25,6 +26,15 @@ _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
     "discard": (Order.FCFS, StrategyRule.FIXED, Strategy.DISCARD, False),
     "swap": (Order.FCFS, StrategyRule.FIXED, Strategy.SWAP, False),
     "mars": (Order.MEMORY_TIME, StrategyRule.AHEAD, None, True),
+    # Continuum (arXiv 2511.02230): program-level FCFS (a request's calls keep its arrival), a pin
+    # for a time-to-live after each call (`ttl.py`), pins given up under memory pressure.
+    "continuum": (Order.FCFS, StrategyRule.TTL, None, False),
+    "continuum-public": (Order.FCFS, StrategyRule.TTL, None, False),
+}
+# The TTL each Continuum variant pins for: the paper's rule, or the authors' public 2 s rule.
+_TTL_RULES = {
+    "continuum": lambda cost: PaperTtl(cost.recompute_time),
+    "continuum-public": lambda cost: FixedTtl(),
 }
 
 POLICY_NAMES: tuple[str, ...] = tuple(_NAMED)
@@ -32,8 +42,11 @@ POLICY_NAMES: tuple[str, ...] = tuple(_NAMED)
 # paper's stock vLLM) and INFERCEPT's published code (a fork of vLLM 0.2).
 NO_PREFIX_CACHE: frozenset[str] = frozenset({"vllm-v0", "infercept-code"})
 # Policies only the simulator runs: INFERCEPT's code moves parts of a request's KV, which vLLM's
-# KV manager does not.
-SIMULATOR_ONLY: frozenset[str] = frozenset(n for n, (_, rule, _, _) in _NAMED.items() if rule is StrategyRule.BUDGETED)
+# KV manager does not; vLLM 0.2 is not the vLLM the plugin runs in; today's peers are modelled
+# here only.
+SIMULATOR_ONLY: frozenset[str] = frozenset(
+    n for n, (_, rule, _, _) in _NAMED.items() if rule in (StrategyRule.BUDGETED, StrategyRule.TTL)
+) | {"vllm-v0"}
 
 # Starvation prevention variants; `fcfs-wait` is MARS's default here (docs/policies.md, "What MARS does").
 STARVATION_VARIANTS: dict[str, StarvationConfig] = {
@@ -134,6 +147,7 @@ def make_policy(
         terms=terms or RankingTerms(),
         admission=admission,
         prefix_cache=prefix_cache and name not in NO_PREFIX_CACHE,
+        ttl=_TTL_RULES[name](cost) if name in _TTL_RULES else None,
     )
 
 

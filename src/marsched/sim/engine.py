@@ -276,6 +276,8 @@ class Simulator:
                 break
             tokens = min(sim_request.progress.pending_tokens, budget)
             while not self._fits(sim_request, tokens):
+                if self.policy.releases_pins and self.lifecycle.release_pinned():
+                    continue
                 victim = self._victim(sim_request)
                 preempted = True
                 if victim.rid in batch:
@@ -312,7 +314,10 @@ class Simulator:
                 continue
             hit = self._prefix_hit(sim_request)
             tokens = min(progress.context_tokens - hit * self.block_tokens - progress.computed_tokens, budget)
-            if blocks_for(hit * self.block_tokens + tokens, self.block_tokens) > self.device.free:
+            fits = blocks_for(hit * self.block_tokens + tokens, self.block_tokens) <= self.device.free
+            while not fits and self.policy.releases_pins and self.lifecycle.release_pinned():
+                fits = blocks_for(hit * self.block_tokens + tokens, self.block_tokens) <= self.device.free
+            if not fits:
                 self.queue.push_back(progress)
                 break
             if hit:
@@ -327,6 +332,16 @@ class Simulator:
             budget -= tokens
             admitted = True
         return admitted
+
+    def _free_ended(self, sim_request: SimRequest) -> None:
+        """Free an ended request's device blocks: with a prefix cache its full ones still go to the
+        tail of the free queue (vLLM cannot know no one will ask for them)."""
+        if self.policy.prefix_cache:
+            self.device.queue.forget(sim_request.rid)
+            self.device.release(sim_request.device_blocks, None,
+                                min(sim_request.progress.computed_tokens // self.block_tokens, sim_request.device_blocks))
+        else:
+            self.device.release(sim_request.device_blocks)
 
     def _prefix_hit(self, sim_request: SimRequest) -> int:
         """Blocks a request that holds none takes back from the prefix cache: its leading blocks
@@ -477,6 +492,8 @@ class Simulator:
         promotion = self.queue.seconds_to_next_promotion(self.now)
         if promotion is not None:
             times.append(promotion)
+        if self.policy.releases_pins:  # a pin's time-to-live ends
+            times.extend(self.policy.pin_expiry_s(h.progress) - self.now for h in self.paused_preserved.values())
         if to_horizon and self._horizon_s < math.inf:  # a cluster's next arrival, which may come here
             times.append(self._horizon_s - self.now)
         return max(min(times), 0.0) if times else None
@@ -531,7 +548,7 @@ class Simulator:
     def _start_trailing_call(self, sim_request: SimRequest) -> None:
         """The last segment's call: nothing is computed after it, so its KV is freed now."""
         progress = sim_request.progress
-        self.device.release(sim_request.device_blocks)
+        self._free_ended(sim_request)
         sim_request.device_blocks = 0
         progress.computed_tokens = 0
         self.lifecycle.start_trailing_call(sim_request, progress.context_tokens, progress.segment.api.duration_s)
@@ -541,13 +558,11 @@ class Simulator:
     def _finish(self, sim_request: SimRequest) -> None:
         progress = sim_request.progress
         request = progress.request
-        self.device.release(sim_request.device_blocks)
+        self._free_ended(sim_request)
         sim_request.device_blocks = 0
         sim_request.phase = Phase.FINISHED
         sim_request.finish_s = self.now
         del self.live[sim_request.rid]
-        if self.policy.prefix_cache:
-            self.device.queue.forget(sim_request.rid)
         self.queue.finished(sim_request.rid)
         record = finished_record(sim_request, self.cost)
         self.records.append(record)

@@ -6,16 +6,18 @@ the tail of the free queue with its content's hash, and a later request whose pr
 the same takes it back instead of computing it again (`KVCacheManager.get_computed_blocks`).
 A block is handed out from the head of the queue (`BlockPool.get_new_blocks`), and if it
 still held content that content is gone (evicted): least recently freed first. A request's
-blocks are freed tail first (`KVCacheManager.free`), so its last blocks are evicted before
-its first ones and what survives of a request is always a prefix of its blocks. Only full
-blocks are cached.
+full blocks are freed to the tail, tail block first (`KVCacheManager.free`,
+`BlockPool.free_blocks`), so its last blocks are evicted before its first ones and what
+survives of a request is always a prefix of its blocks. A block that is not full has no hash:
+it goes to the head and is handed out first.
 
 Content identity here is the request's own context: in the simulator's workloads no two
 requests share a prefix, so a request can only take back blocks it freed itself (at a
-discarded call, a preemption, or stock vLLM's end at the call). The queue is kept as runs of
-consecutive blocks freed together: per run, `dead` blocks (no usable content: partial blocks,
-a finished request's, the remains of a run that was taken back) followed by `cached` leading
-blocks of one request, in queue order (the request's tail block first).
+discarded call, a preemption, or stock vLLM's end at the call). The queue is kept as the
+blocks without a hash at its head, then runs of full blocks freed together: per run, `dead`
+blocks (content no one will ask for: a finished request's, the remains of a run that was
+taken back) followed by `cached` leading blocks of one request, in queue order (the request's
+tail block first).
 """
 
 from __future__ import annotations
@@ -46,10 +48,10 @@ class FreeBlockQueue:
     _run_of: dict[str, int] = field(default_factory=dict)  # request id -> its cached run's id
     _next_id: int = 0
     cached_blocks: int = 0  # blocks in the queue that still hold a request's prefix
+    _unhashed: int = field(init=False)  # blocks at the head with no content (never used, or not full)
 
     def __post_init__(self) -> None:
-        if self.free:
-            self._append(None, self.free, 0)
+        self._unhashed = self.free
 
     def _append(self, owner: str | None, dead: int, cached: int) -> None:
         if owner is None and self._runs:
@@ -65,19 +67,18 @@ class FreeBlockQueue:
     # --- blocks coming back -----------------------------------------------------------
 
     def release(self, owner: str | None, blocks: int, full_blocks: int = 0) -> None:
-        """`blocks` blocks come back; the first `full_blocks` of them are `owner`'s leading blocks,
-        full and worth keeping (0, or no owner: nothing is kept). Freed tail first, as vLLM does:
-        the partial and the others go ahead of the kept ones."""
+        """`blocks` blocks come back; the first `full_blocks` of them are full (hashed): they go to
+        the tail, as `owner`'s cached prefix (no owner: content no one will ask for). The others
+        go to the head."""
         if blocks < 0 or not 0 <= full_blocks <= blocks:
             raise ValueError(f"free queue: cannot take back {blocks} blocks with {full_blocks} full")
-        if owner is None:
-            full_blocks = 0
+        self._unhashed += blocks - full_blocks
         if owner is not None and full_blocks:
             self.forget(owner)  # an older copy of the same prefix is stale now
-            self._append(owner, blocks - full_blocks, full_blocks)
+            self._append(owner, 0, full_blocks)
             self.cached_blocks += full_blocks
-        elif blocks:
-            self._append(None, blocks, 0)
+        elif full_blocks:
+            self._append(None, full_blocks, 0)
         self.free += blocks
 
     # --- blocks handed out ------------------------------------------------------------
@@ -87,6 +88,9 @@ class FreeBlockQueue:
         if blocks < 0 or blocks > self.free:
             raise RuntimeError(f"free queue: cannot hand out {blocks} blocks with {self.free} free")
         self.free -= blocks
+        from_head = min(blocks, self._unhashed)
+        self._unhashed -= from_head
+        blocks -= from_head
         while blocks:
             run_id, run = next(iter(self._runs.items()))
             if blocks >= run.blocks:
@@ -144,7 +148,7 @@ class FreeBlockQueue:
 
     def check(self) -> None:
         """The queue adds up (tests and audits)."""
-        total = sum(r.blocks for r in self._runs.values())
+        total = self._unhashed + sum(r.blocks for r in self._runs.values())
         cached = sum(r.cached for r in self._runs.values())
         if total != self.free or cached != self.cached_blocks or any(r.dead < 0 or r.cached < 0 for r in self._runs.values()):
             raise AssertionError(f"free queue: {total} blocks in runs, {self.free} free; {cached} cached, "
