@@ -26,6 +26,9 @@ class Starvation:
     fcfs_multiple: float | None = None  # the threshold moves with the FCFS wait; events report it
     protection: Protection = Protection.QUANTUM  # how long an admitted promoted request is not preempted
     quantum: int = 0  # under quantum protection: iterations from the admission
+    # The threshold is per iteration of each request's service (Autellix), which the trace does
+    # not carry: the threshold is then a floor, and an unpromoted request past it is not starved.
+    per_service: bool = False
 
     @property
     def moves(self) -> bool:
@@ -65,7 +68,7 @@ def declared(path: str, run: Line, policy: str | None) -> Declared:
         starvation = Starvation(s["threshold"], StarvationClock(s["clock"]), StarvationCount(s["counts"]),
                                 bool(s["for_life"]), str(s.get("variant", "custom")),
                                 float(s["fcfs_multiple"]) if s.get("fcfs_multiple") is not None else None,
-                                Protection(s["protection"]), int(s["quantum"]))
+                                Protection(s["protection"]), int(s["quantum"]), bool(s.get("per_service", False)))
         if policy is None:
             order, rule = Order(p["order"]), StrategyRule(p["rule"])
             fixed = Strategy(p["fixed_strategy"]) if p["fixed_strategy"] else None

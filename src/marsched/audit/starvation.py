@@ -97,12 +97,12 @@ class StarvationRule:
             self._violation(line, f"the admit event reports counter {self._fmt(e['counter'])}, but its queue stays "
                                   f"add up to {self._fmt(counter)}: the counter does not count waiting as declared",
                             waiting.entered)
-        if (not waiting.promoted and counter >= self.threshold + self.slack
+        if (not waiting.promoted and not self.rule.per_service and counter >= self.threshold + self.slack
                 and waiting.entered.event["iteration"] < e["iteration"]):
             self._starved(line, waiting, counter, self.threshold)
 
     def on_schedule(self, line: Line) -> None:
-        if not self.rule.enabled:
+        if not self.rule.enabled or self.rule.per_service:
             return
         threshold = self._threshold_of(line)
         for waiting in self.model.overdue(line.event, threshold, self.slack):

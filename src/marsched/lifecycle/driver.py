@@ -319,6 +319,7 @@ class CallLifecycle:
         progress.segment_index += 1
         progress.generated = 0
         progress.api_started_s = None
+        progress.attained_before_segment = progress.attained_iterations
 
     def resumed(self, handle: Any, where: str) -> None:
         """The next segment runs from `where` (device, waiting, host). A request that waits again

@@ -16,6 +16,7 @@ from marsched.policy.cost_model import CostModel
 from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.ranking import KeyForm, RankingTerms, SegmentOutlook, remaining_area_form
+from marsched.policy.plas import plas_key
 from marsched.policy.strategy import Strategy
 from marsched.policy.ttl import FixedTtl, PaperTtl
 from marsched.policy.waste import CallCosts, call_wastes, cheapest
@@ -30,6 +31,7 @@ class Order(str, Enum):
     FCFS_REENTRY = "fcfs-reentry"  # by the last time the request entered the queue (stock vLLM)
     MEMORY_TIME = "memory-time"  # MARS: predicted memory × time of the remaining life
     REMAINING_TOKENS = "remaining-tokens"  # SJF: predicted tokens still to generate
+    LEAST_ATTAINED = "least-attained"  # Autellix's PLAS: the program's attained service, in levels (`plas.py`)
 
 
 class StrategyRule(str, Enum):
@@ -84,6 +86,9 @@ class StarvationConfig:
     protection: Protection = Protection.QUANTUM
     for_life: bool = False  # a promotion lasts for the request's remaining segments, first come first served
     fcfs_multiple: float | None = None  # threshold at least this multiple of the FCFS wait (seconds clock)
+    # The threshold is a ratio: waiting of at least `threshold` × the request's attained service
+    # (at least 1 iteration) promotes it (Autellix's anti-starvation; an iteration clock).
+    per_service: bool = False
 
     def __post_init__(self) -> None:
         if self.threshold is not None and not (self.threshold > 0 and math.isfinite(self.threshold)):
@@ -92,6 +97,8 @@ class StarvationConfig:
             raise ValueError(f"starvation threshold in iterations must be >= 1, got {self.threshold}")
         if self.quantum < 0:
             raise ValueError(f"starvation quantum must be >= 0, got {self.quantum}")
+        if self.per_service and self.clock is not StarvationClock.ITERATIONS:
+            raise ValueError("a threshold per iteration of service needs the iteration clock")
         if self.fcfs_multiple is not None:
             if not (self.fcfs_multiple > 0 and math.isfinite(self.fcfs_multiple)):
                 raise ValueError(f"starvation FCFS-wait multiple must be > 0, got {self.fcfs_multiple}")
@@ -106,6 +113,10 @@ class StarvationConfig:
     def moves(self) -> bool:
         """Whether the threshold moves with the FCFS wait (the trace then reports it per step)."""
         return self.enabled and self.fcfs_multiple is not None
+
+    def offset(self, progress: RequestProgress) -> float:
+        """How much longer than `threshold` this request waits before promotion (per-service rules)."""
+        return self.threshold * (max(progress.attained_iterations, 1) - 1) if self.per_service else 0.0
 
     def counts_for(self, progress: RequestProgress) -> bool:
         """Whether this request's waiting counts towards promotion."""
@@ -356,6 +367,10 @@ class Policy:
             return self.memory_time_form(progress, load)
         if self.order is Order.REMAINING_TOKENS:
             return KeyForm(0.0, float(self.remaining_tokens(progress)))
+        if self.order is Order.LEAST_ATTAINED:
+            return KeyForm(0.0, plas_key(progress.attained_before_segment,
+                                         progress.attained_iterations - progress.attained_before_segment,
+                                         progress.order_s))
         return KeyForm(0.0, progress.order_s)
 
     def victim_key(self, progress: RequestProgress, load: EngineLoad) -> float:

@@ -60,6 +60,8 @@ class RequestProgress:
     left_promoted: bool = False  # whether it left from the promoted lane
     counter: float = 0.0  # its starvation counter when it last left the queue or was promoted
     key_basis: KeyBasis | None = None  # what its current queue key was computed from
+    attained_iterations: int = 0  # iterations it was scheduled in (Autellix's attained service)
+    attained_before_segment: int = 0  # the same, when its current segment began
 
     def __post_init__(self) -> None:
         if not self.context_tokens:

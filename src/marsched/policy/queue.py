@@ -53,6 +53,7 @@ class _Entry:
     key: float
     load: EngineLoad  # the load `key` was evaluated at (the audit recomputes it from this)
     since: float  # when the starvation count started, in the policy's clock
+    due: float  # `since`, plus how much longer than the threshold this request waits (per-service rules)
     counted: bool  # whether its waiting counts towards promotion
     promoted: bool = False
     live: bool = True
@@ -96,14 +97,15 @@ class WaitingQueue:
         waited = progress.waited_s if clock is StarvationClock.SECONDS else progress.waited_iterations
         since = self._clock(iteration, load.now_s) - waited
         form = self.policy.queue_key_form(progress, load)
-        entry = _Entry(progress, form, form.at(load.iteration_s), load, since, counted)
+        due = since + self.policy.starvation.offset(progress) if counted else since
+        entry = _Entry(progress, form, form.at(load.iteration_s), load, since, due, counted)
         self._entries[progress.request_id] = entry
         if progress.elder:
             self._push_promoted(entry)  # promoted for life: ahead of the ranking at every stay
         else:
             self._push_heap(entry)
             if counted:
-                heapq.heappush(self._by_start, (entry.since, self._next_sequence(), entry))
+                heapq.heappush(self._by_start, (entry.due, self._next_sequence(), entry))
 
     def push_back(self, progress: RequestProgress) -> None:
         """Return a request just popped and not scheduled to where it was (its counter keeps running)."""
@@ -211,7 +213,7 @@ class WaitingQueue:
             if not entry.live or entry.promoted:
                 heapq.heappop(self._by_start)
                 continue
-            if clock - entry.since < threshold - _CLOCK_SLACK:
+            if clock - entry.due < threshold - _CLOCK_SLACK:
                 break
             heapq.heappop(self._by_start)
             entry.progress.counter = clock - entry.since

@@ -10,6 +10,7 @@ from marsched.policy.cost_model import CostModel
 from marsched.policy.policy import (
     Order, Policy, Protection, StarvationClock, StarvationConfig, StarvationCount, StrategyRule,
 )
+from marsched.policy.plas import STARVATION_RATIO
 from marsched.policy.ranking import RankingTerms
 from marsched.policy.strategy import Strategy
 from marsched.policy.ttl import FixedTtl, PaperTtl
@@ -30,7 +31,12 @@ _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
     # for a time-to-live after each call (`ttl.py`), pins given up under memory pressure.
     "continuum": (Order.FCFS, StrategyRule.TTL, None, False),
     "continuum-public": (Order.FCFS, StrategyRule.TTL, None, False),
+    # Autellix (arXiv 2502.13965): PLAS order, each call a request of its own (it leaves at the
+    # call and comes back as a new one, which the prefix cache serves), its anti-starvation rule.
+    "autellix": (Order.LEAST_ATTAINED, StrategyRule.END_AT_CALL, None, False),
 }
+# Policies whose starvation rule is not MARS's and not off by default.
+_OWN_STARVATION = {"autellix": "autellix"}
 # The TTL each Continuum variant pins for: the paper's rule, or the authors' public 2 s rule.
 _TTL_RULES = {
     "continuum": lambda cost: PaperTtl(cost.recompute_time),
@@ -63,6 +69,12 @@ STARVATION_VARIANTS: dict[str, StarvationConfig] = {
     "published": StarvationConfig(100, 100_000, counts=StarvationCount.REQUEUED),
     # The same counter for every waiting request (the first marsched release's default).
     "iterations": StarvationConfig(100, 100_000),
+    # Autellix's (arXiv 2502.13965, Alg. 1 lines 24-30): a call whose waiting reaches 8 times its
+    # program's attained service (in iterations, at least 1) goes ahead; its counter starts again;
+    # no protection. (The paper counts the program's earlier waits and service and resets only
+    # the call's; here both count across the whole program and reset together.)
+    "autellix": StarvationConfig(STARVATION_RATIO, 0, StarvationClock.ITERATIONS, StarvationCount.ALL_WAITING, Protection.QUANTUM,
+                                 per_service=True),
     "off": StarvationConfig(None),
 }
 DEFAULT_STARVATION = "fcfs-wait"
@@ -78,7 +90,8 @@ def named_rules(name: str) -> tuple[Order, StrategyRule, Strategy | None]:
 def starvation_variant(config: StarvationConfig) -> str:
     """The named variant a starvation rule comes from (its threshold aside), or "custom"."""
     def rules(c: StarvationConfig) -> tuple:  # everything but the threshold (a replace() could be invalid)
-        return (c.quantum, c.clock, c.counts, c.protection, c.for_life, c.threshold is None, c.fcfs_multiple is None)
+        return (c.quantum, c.clock, c.counts, c.protection, c.for_life, c.threshold is None, c.fcfs_multiple is None,
+                c.per_service)
 
     for name, variant in STARVATION_VARIANTS.items():
         if rules(variant) == rules(config):
@@ -113,7 +126,9 @@ def make_policy(
         raise ValueError(f"unknown policy {name!r}; valid: {', '.join(POLICY_NAMES)}")
     order, rule, fixed, mars_defaults = _NAMED[name]
     if starvation is _DEFAULT:
-        if mars_defaults:
+        if name in _OWN_STARVATION:
+            starvation = _OWN_STARVATION[name]
+        elif mars_defaults:
             starvation = DEFAULT_STARVATION
         else:  # off, unless a threshold asks for it: then counted in iterations
             starvation = "iterations" if starvation_threshold not in (_DEFAULT, None) else "off"

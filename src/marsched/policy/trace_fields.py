@@ -30,6 +30,7 @@ def declaration(policy: Policy) -> dict[str, Any]:
             "quantum": config.quantum,
             "for_life": config.for_life,
             "fcfs_multiple": config.fcfs_multiple,
+            "per_service": config.per_service,
         },
         "cost": asdict(policy.cost),
         "terms": asdict(policy.terms),

@@ -454,6 +454,7 @@ class Simulator:
                 if progress.generated >= progress.segment.output_tokens:
                     finished_segment.append(sim_request)
             self.queue.served(sim_request.rid, n + iterations - 1)
+            progress.attained_iterations += iterations
         self.iteration += iterations
         self.tau.observe(dt, growth, iterations)
         self._advance_links(span)
