@@ -139,6 +139,9 @@ class Policy:
     # The engine keeps freed KV blocks' content for a later prefix hit (vLLM V1's automatic prefix
     # caching): a discarded or preempted request recomputes only what was evicted meanwhile.
     prefix_cache: bool = False
+    # Host memory is a prefix store (vLLM's CPU offloading): freed prefixes are stored there and a
+    # request loads its stored prefix back over the host link before it computes. Needs the cache.
+    offload: bool = False
     ttl: PaperTtl | FixedTtl | None = None  # the TTL rule's estimator (StrategyRule.TTL)
     # Tfwd by token count, for the cost it was computed with: a MARS key asks it for every later
     # call at every push, of the same few contexts.
@@ -150,6 +153,8 @@ class Policy:
             raise ValueError(f"refresh interval must be >= 1 iteration, got {self.refresh_interval}")
         if (self.rule is StrategyRule.FIXED) != (self.fixed_strategy is not None):
             raise ValueError("a fixed strategy goes with the FIXED rule, and only with it")
+        if self.offload and not self.prefix_cache:
+            raise ValueError("host offloading serves prefix hits: it needs the prefix cache")
         if (self.rule is StrategyRule.TTL) != (self.ttl is not None):
             raise ValueError("a TTL estimator goes with the TTL rule, and only with it")
 

@@ -20,6 +20,8 @@ from marsched.predict.segment import SegmentPredictor
 _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
     "vllm": (Order.FCFS_REENTRY, StrategyRule.END_AT_CALL, None, False),
     "vllm-v0": (Order.FCFS_REENTRY, StrategyRule.END_AT_CALL, None, False),
+    # Stock vLLM V1 with CPU offloading (--kv-offloading-size) of the host memory Swap gets.
+    "vllm-offload": (Order.FCFS_REENTRY, StrategyRule.END_AT_CALL, None, False),
     "infercept": (Order.FCFS, StrategyRule.AT_CALL, None, False),
     "infercept-code": (Order.FCFS, StrategyRule.BUDGETED, None, False),
     "sjf": (Order.REMAINING_TOKENS, StrategyRule.AHEAD, None, False),
@@ -52,7 +54,7 @@ NO_PREFIX_CACHE: frozenset[str] = frozenset({"vllm-v0", "infercept-code"})
 # here only.
 SIMULATOR_ONLY: frozenset[str] = frozenset(
     n for n, (_, rule, _, _) in _NAMED.items() if rule in (StrategyRule.BUDGETED, StrategyRule.TTL)
-) | {"vllm-v0"}
+) | {"vllm-v0", "vllm-offload"}
 
 # Starvation prevention variants; `fcfs-wait` is MARS's default here (docs/policies.md, "What MARS does").
 STARVATION_VARIANTS: dict[str, StarvationConfig] = {
@@ -162,6 +164,7 @@ def make_policy(
         terms=terms or RankingTerms(),
         admission=admission,
         prefix_cache=prefix_cache and name not in NO_PREFIX_CACHE,
+        offload=name == "vllm-offload" and prefix_cache,
         ttl=_TTL_RULES[name](cost) if name in _TTL_RULES else None,
     )
 

@@ -39,7 +39,7 @@ from marsched.sim.stretch import (
 )
 from marsched.sim.link import HostLink
 from marsched.sim.memory import BlockPool, blocks_for, check_fits
-from marsched.sim.prefix_cache import CachingBlockPool
+from marsched.sim.prefix_cache import CachingBlockPool, HostPrefixTier
 from marsched.sim.profile import Profile
 from marsched.workload.model import Request
 
@@ -70,6 +70,7 @@ class Simulator:
         self.on_progress = on_progress
         self.device = (CachingBlockPool if policy.prefix_cache else BlockPool)("device", profile.device_blocks)
         self.host = BlockPool("host", profile.host_blocks)
+        self.host_tier = HostPrefixTier(profile.host_blocks) if policy.offload else None
         self.link_out = HostLink(self.cost.swap_tokens_per_s)
         self.link_in = HostLink(self.cost.swap_tokens_per_s)
         self.queue = WaitingQueue(policy)
@@ -183,10 +184,18 @@ class Simulator:
     def _free_keeping_prefix(self, sim_request: SimRequest) -> None:
         """Free the request's device blocks; with a prefix cache its full ones keep their content."""
         if self.policy.prefix_cache:
-            self.device.release(sim_request.device_blocks, sim_request.rid,
-                                min(sim_request.progress.computed_tokens // self.block_tokens, sim_request.device_blocks))
+            full = min(sim_request.progress.computed_tokens // self.block_tokens, sim_request.device_blocks)
+            self.device.release(sim_request.device_blocks, sim_request.rid, full)
+            if self.host_tier is not None:  # what it computed of its prompt (vLLM offloads prompts only)
+                self.host_tier.store(sim_request.rid, min(full, self._prompt_tokens(sim_request) // self.block_tokens))
         else:
             self.device.release(sim_request.device_blocks)
+
+    @staticmethod
+    def _prompt_tokens(sim_request: SimRequest) -> int:
+        """The prompt of the request stock vLLM runs now: the context its current segment started
+        from (a request that leaves at each call comes back with the whole context as its prompt)."""
+        return sim_request.progress.segment.context_tokens
 
     def swap_out(self, sim_request: SimRequest) -> None:
         self.host.allocate(sim_request.device_blocks)
@@ -258,6 +267,8 @@ class Simulator:
         sim_request.progress.computed_tokens = min(sim_request.progress.computed_tokens, keep_tokens)
         if self.policy.prefix_cache:  # cached blocks past the kept prefix hold what the client dropped
             self.device.queue.truncate(sim_request.rid, keep_tokens // self.block_tokens)
+        if self.host_tier is not None:
+            self.host_tier.truncate(sim_request.rid, keep_tokens // self.block_tokens)
 
     def _reconsider_paused(self) -> None:
         self.lifecycle.reconsider_paused()
@@ -320,6 +331,12 @@ class Simulator:
             if not fits:
                 self.queue.push_back(progress)
                 break
+            if self._host_hit(sim_request) > hit:
+                if not self._start_prefix_load(sim_request, hit):
+                    self.queue.push_back(progress)
+                    break
+                admitted = True
+                continue
             if hit:
                 self.device.take_back(sim_request.rid, hit)
                 sim_request.device_blocks = hit
@@ -336,6 +353,8 @@ class Simulator:
     def _free_ended(self, sim_request: SimRequest) -> None:
         """Free an ended request's device blocks: with a prefix cache its full ones still go to the
         tail of the free queue (vLLM cannot know no one will ask for them)."""
+        if self.host_tier is not None:
+            self.host_tier.retire(sim_request.rid)
         if self.policy.prefix_cache:
             self.device.queue.forget(sim_request.rid)
             self.device.release(sim_request.device_blocks, None,
@@ -351,6 +370,30 @@ class Simulator:
             return 0
         limit = (sim_request.progress.context_tokens - 1) // self.block_tokens
         return min(self.device.queue.cached(sim_request.rid), limit)
+
+    def _host_hit(self, sim_request: SimRequest) -> int:
+        """Leading blocks of a request that holds none stored in the host tier, short of its last token."""
+        if self.host_tier is None or sim_request.device_blocks:
+            return 0
+        limit = (sim_request.progress.context_tokens - 1) // self.block_tokens
+        return min(self.host_tier.stored(sim_request.rid), limit)
+
+    def _start_prefix_load(self, sim_request: SimRequest, device_hit: int) -> bool:
+        """Load the request's stored prefix past its device hit from the host, before it computes
+        (vLLM's offloading loads a hit asynchronously and holds the request until it is in)."""
+        blocks = self._host_hit(sim_request)
+        if blocks > self.device.free:
+            return False
+        if device_hit:
+            self.device.take_back(sim_request.rid, device_hit)
+        self.device.allocate(blocks - device_hit)
+        sim_request.device_blocks = blocks
+        sim_request.progress.computed_tokens = blocks * self.block_tokens
+        self._leave_queue(sim_request, 0)
+        sim_request.phase = Phase.SWAPPING_IN
+        sim_request.transfer = self.link_in.start(sim_request, (blocks - device_hit) * self.block_tokens,
+                                                  blocks - device_hit)
+        return True
 
     def _has_sequence_room(self) -> bool:
         """Whether the profile's cap on running requests (vLLM's max_num_seqs) lets one more in. A
@@ -519,8 +562,8 @@ class Simulator:
         for transfer in self.link_in.advance(seconds):
             sim_request = transfer.owner
             sim_request.transfer = None
-            self.host.release(sim_request.host_blocks)
-            self.lifecycle.swapped_in(sim_request, sim_request.host_blocks, self.now + seconds)
+            self.host.release(sim_request.host_blocks)  # none for a prefix load: the host keeps its copy
+            self.lifecycle.swapped_in(sim_request, transfer.blocks, self.now + seconds)
             sim_request.host_blocks = 0
             sim_request.phase = Phase.RUNNING
             self.running.append(sim_request)

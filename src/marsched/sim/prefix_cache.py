@@ -181,3 +181,66 @@ class CachingBlockPool(BlockPool):
         hit = self.queue.take(owner, limit)
         self.used += hit
         return hit
+
+
+@dataclass(slots=True)
+class HostPrefixTier:
+    """Host memory as vLLM's CPU offloading keeps it (the OffloadingConnector,
+    `vllm/v1/kv_offload/`): requests' leading full blocks stored by content, least recently
+    stored evicted first (its default `lru` policy), a request's tail first. What a finished
+    request stored stays until evicted: no one will ask for it, but it takes room."""
+
+    capacity: int
+    _runs: OrderedDict[int, int] = field(default_factory=OrderedDict)  # run -> stored blocks, LRU first
+    _run_of: dict[str, int] = field(default_factory=dict)  # owner -> its run, while it can be hit
+    _owner_of: dict[int, str] = field(default_factory=dict)  # the same, the other way
+    _next_id: int = 0
+    used: int = 0
+
+    def stored(self, owner: str) -> int:
+        run = self._run_of.get(owner)
+        return 0 if run is None else self._runs[run]
+
+    def store(self, owner: str, blocks: int) -> None:
+        """`owner`'s first `blocks` blocks are on the host (as many as it had, if more); most recent now."""
+        blocks = min(max(blocks, self.stored(owner)), self.capacity)
+        old = self._run_of.pop(owner, None)
+        if old is not None:
+            self.used -= self._runs.pop(old)
+            del self._owner_of[old]
+        while self.used + blocks > self.capacity:
+            head, count = next(iter(self._runs.items()))
+            evict = min(count, self.used + blocks - self.capacity)
+            self.used -= evict
+            if evict < count:
+                self._runs[head] = count - evict
+                continue
+            del self._runs[head]
+            name = self._owner_of.pop(head, None)
+            if name is not None:
+                del self._run_of[name]
+        if blocks:
+            self._runs[self._next_id] = blocks
+            self._run_of[owner] = self._next_id
+            self._owner_of[self._next_id] = owner
+            self._next_id += 1
+            self.used += blocks
+
+    def truncate(self, owner: str, keep_blocks: int) -> None:
+        """`owner`'s content past its first `keep_blocks` blocks changed (a compaction)."""
+        run = self._run_of.get(owner)
+        if run is None or self._runs[run] <= keep_blocks:
+            return
+        self.used -= self._runs[run] - max(keep_blocks, 0)
+        if keep_blocks > 0:
+            self._runs[run] = keep_blocks
+        else:
+            del self._runs[run]
+            del self._run_of[owner]
+            del self._owner_of[run]
+
+    def retire(self, owner: str) -> None:
+        """`owner` ended: its blocks stay, in their place, where no one can hit them."""
+        run = self._run_of.pop(owner, None)
+        if run is not None:
+            del self._owner_of[run]
