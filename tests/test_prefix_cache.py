@@ -186,3 +186,20 @@ def test_the_cache_changes_a_loaded_run_and_the_record_says_so() -> None:
     assert (on["prefix_cache"], off["prefix_cache"], v0["prefix_cache"]) == (True, False, False)
     assert on["e2e_mean_s"] < off["e2e_mean_s"]
     assert v0["e2e_mean_s"] == off["e2e_mean_s"]
+
+
+def test_a_hit_leaves_the_last_token_to_compute() -> None:
+    """A request whose whole 4-block context is cached takes back 3 blocks: the last block is
+    computed again for the last token's logits (vLLM caps a hit at the context less one token)."""
+    profile = load_profile("gptj-6b-a100")
+    block = profile.block_tokens
+    sim = Simulator([], profile, make_policy("vllm", profile.cost, prefix_cache=True))
+    request = build_request("x", 4 * block, [(1, None)])
+    from marsched.policy.progress import RequestProgress
+    from marsched.sim.request import SimRequest
+    held = SimRequest(RequestProgress(request, order_s=0.0))
+    sim.device.allocate(4)
+    sim.device.release(4, "x", 4)
+    assert sim._prefix_hit(held) == 3
+    held.progress.context_tokens += 1
+    assert sim._prefix_hit(held) == 4

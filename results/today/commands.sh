@@ -1,0 +1,16 @@
+#!/bin/sh
+# MARS against today's baselines (docs/results.md, "Against today's baselines"): every policy on
+# the engine with vLLM V1's prefix cache (the default; vllm-v0 is vLLM 0.2 for reference), 600 s
+# of Poisson arrivals, seed 0, from light load to past saturation. Run from the repository root.
+set -e
+P=vllm,vllm-v0,vllm-offload,infercept,continuum,continuum-public,autellix,mars
+marsched compare --trace claude-code --profile llama3-8b-h100 --token-scale 0.14 --policies $P \
+  --qps 0.25,0.5,1,2,4 --duration 600 --seed 0 --json results/today/claude-code-llama3-8b-h100.json
+marsched compare --trace claude-code --profile llama3-70b-4xh100 --token-scale 0.14 --policies $P \
+  --qps 0.125,0.25,0.5,1,2 --duration 600 --seed 0 --json results/today/claude-code-llama3-70b-4xh100.json
+marsched compare --trace multi --profile gptj-6b-a100 --policies $P --qps 3,4,5,6 --duration 600 --seed 0 \
+  --json results/today/multi-gptj-6b-a100.json
+marsched compare --trace single --profile gptj-6b-a100 --policies $P --qps 3,4,5,6 --duration 600 --seed 0 \
+  --json results/today/single-gptj-6b-a100.json
+marsched compare --trace agent --profile gptj-6b-a100 --policies $P --qps 0.1,0.2,0.4 --duration 600 --seed 0 \
+  --json results/today/agent-gptj-6b-a100.json
