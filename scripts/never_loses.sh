@@ -25,7 +25,7 @@ for arg in "$@"; do
 done
 sets=$("$python" scripts/never_loses_sets.py "$set_name")  # an assignment, so that set -e stops on failure
 eval "$sets"
-run() { $m compare --profile "$profile" "$@" >/dev/null; }
+run() { $m compare --no-prefix-cache --profile "$profile" "$@" >/dev/null; }
 if [ "$only_seeds" = yes ]; then
   # Is the most loaded point's ratio a property of the trace or of seed 0? And how low can any
   # order go there: no starvation prevention (off), and shortest predicted output first (sjf).

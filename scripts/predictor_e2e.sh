@@ -12,10 +12,10 @@ duration=${DURATION:-300}
 declare -A loads=([single]=5,6,8 [multi]=2,2.5,3)
 for trace in single multi; do
   qps=${loads[$trace]}
-  $m compare --trace "$trace" --policies infercept --qps "$qps" --duration "$duration" \
+  $m compare --no-prefix-cache --trace "$trace" --policies infercept --qps "$qps" --duration "$duration" \
     --json "$out/e2e-$trace-infercept.json" >/dev/null
   for predictor in oracle noisy:0.3 type-mean learned; do
-    $m compare --trace "$trace" --policies mars --predictor "$predictor" --qps "$qps" --duration "$duration" \
+    $m compare --no-prefix-cache --trace "$trace" --policies mars --predictor "$predictor" --qps "$qps" --duration "$duration" \
       --json "$out/e2e-$trace-mars-${predictor/:/}.json" >/dev/null
   done
   echo "$trace done"

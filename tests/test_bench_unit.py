@@ -265,7 +265,7 @@ def model_dir(tmp_path):
 
 
 @pytest.mark.parametrize("args,message", [
-    (("--policies", "vllm,fifo"), "--policies fifo: unknown policy; valid: vllm, infercept"),
+    (("--policies", "vllm,fifo"), "--policies fifo: unknown policy; valid: vllm, vllm-v0, vllm-offload, infercept"),
     (("--qps", "0"), "--qps '0': give finite numbers > 0"),
     (("--qps", "fast"), "--qps 'fast': give comma-separated numbers"),
     (("--duration", "0"), "--duration 0: give a finite number > 0"),

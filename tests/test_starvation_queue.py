@@ -111,7 +111,7 @@ def test_popped_promoted_request_put_back_stays_first():
 
 
 @pytest.mark.parametrize("kwargs, message", [
-    (dict(starvation="never"), "age, published, iterations, off"),
+    (dict(starvation="never"), "age, published, iterations, autellix, off"),
     (dict(starvation="off", starvation_threshold=5), "given with starvation 'off'"),
     (dict(starvation="iterations", starvation_threshold=0.5), ">= 1"),
     (dict(starvation_threshold=-1.0), "> 0"),

@@ -4,7 +4,7 @@
 # Poisson arrivals, seed 0, one file per routing rule.
 set -e
 for routing in round-robin least-loaded session-affine mars mars-affine; do
-  marsched compare --trace claude-code --profile llama3-8b-h100 --token-scale 0.14 --policies mars \
+  marsched compare --no-prefix-cache --trace claude-code --profile llama3-8b-h100 --token-scale 0.14 --policies mars \
     --qps 16,24,32 --duration 600 --seed 0 --replicas 16 --routing "$routing" \
     --json "results/cluster/$routing.json" --workers 1
 done

@@ -27,7 +27,11 @@ app = typer.Typer(add_completion=False, no_args_is_help=True,
                   help="MARS scheduling for augmented LLM requests: simulate and compare policies, serve with vLLM.")
 # One line each for `marsched list` (docs/policies.md's policy table, shortened).
 POLICY_HELP = {
-    "vllm": "stock vLLM: FCFS; a request leaves at its API call and queues again at the tail (discard)",
+    "vllm": "stock vLLM: FCFS; a request leaves at its API call and queues again at the tail (discard); "
+            "with the prefix cache (V1, the default) its return recomputes only what was evicted",
+    "vllm-v0": "stock vLLM 0.2, the paper's: as vllm, never with a prefix cache (simulator only)",
+    "vllm-offload": "stock vLLM V1 with CPU offloading of the host memory Swap gets: prefixes stored as freed, "
+                    "loaded back over the host link on a hit (simulator only)",
     "infercept": "INFERCEPT: FCFS by arrival; cheapest of preserve/discard/swap at the call, from the truth",
     "infercept-code": "INFERCEPT as its published code schedules: preserve at the call, discard by chunked-recompute "
                       "waste each iteration, swap within per-iteration block budgets (simulator only)",
@@ -36,6 +40,12 @@ POLICY_HELP = {
     "discard": "FCFS; always free the KV cache at a call and recompute it after",
     "swap": "FCFS; always copy the KV cache to host memory during a call",
     "mars": "MARS: predicted memory x time first, strategy fixed ahead, starvation prevention, predicted-peak admission",
+    "continuum": "Continuum: program-level FCFS, the KV pinned for a learnt time-to-live after each call, pins "
+                 "given up under memory pressure (simulator only)",
+    "continuum-public": "Continuum's public code: as continuum, pinned 2 s after a tool whose mean time is at most "
+                        "2 s (simulator only)",
+    "autellix": "Autellix: least attained service per program in 7 queues, anti-starvation ratio 8; each call a "
+                "new request served by the prefix cache (simulator only)",
 }
 STARVATION_HELP = {
     "fcfs-wait": f"promoted for life once its wait passes {STARVATION_VARIANTS['fcfs-wait'].fcfs_multiple:g}x what "
@@ -46,6 +56,8 @@ STARVATION_HELP = {
                  "for requests that ran before",
     "iterations": f"{STARVATION_VARIANTS['iterations'].threshold:g} iterations of waiting, counted for every "
                   "waiting request",
+    "autellix": "Autellix's: a call whose waiting reaches 8x its program's attained service (iterations) goes "
+                "ahead; autellix's default",
     "off": "no starvation prevention",
 }
 ADMISSION_HELP = {

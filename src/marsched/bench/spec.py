@@ -41,8 +41,9 @@ class BenchSpec:
         for policy in self.policies:
             check_policy("--policies", policy)
             if policy in SIMULATOR_ONLY:
-                raise ValueError(f"--policies {policy}: runs only in the simulator (marsched compare); "
-                                 "on vLLM use infercept")
+                raise ValueError(f"--policies {policy}: runs only in the simulator (marsched compare)"
+                                 + ("; on vLLM use infercept" if policy == "infercept-code" else
+                                    "; on vLLM use vllm" if policy.startswith("vllm") else ""))
         check_predictor(self.predictor)
         check_api_estimator(self.api_estimator)
         check_positive("--duration", self.duration_s)

@@ -142,7 +142,8 @@ def _sweep(duration_s: float, workers: int, paths: dict[str, str], chosen: list[
     active = [(v, p, seed) for v in chosen for p in POLICIES for seed in seeds]
     light: dict[tuple, float] = {}
     for qps in sorted(qps_values):
-        specs = [RunSpec(policy=p, qps=qps, trace="multi", profile=paths[v], duration_s=duration_s, seed=seed)
+        specs = [RunSpec(policy=p, qps=qps, trace="multi", profile=paths[v], duration_s=duration_s, seed=seed,
+                         prefix_cache=False)
                  for v, p, seed in active]
         done = run_grid(specs, workers=workers)
         for key, record in zip(active, done):

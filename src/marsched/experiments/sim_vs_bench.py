@@ -30,7 +30,8 @@ def simulate_point(record: dict, profile_path: str) -> dict:
     spec = RunSpec(policy=record["policy"], qps=record["qps"], trace=record["trace"], profile=profile_path,
                    duration_s=record["duration_s"], seed=record["seed"], predictor=length,
                    api_estimator=estimator or "type-mean", starvation=starvation,
-                   starvation_threshold=record.get("starvation_threshold", "default"))
+                   starvation_threshold=record.get("starvation_threshold", "default"),
+                   prefix_cache=False)  # `marsched bench` runs vLLM with prefix caching off
     profile, policy = spec.build()
     kv = record["kv_cache"]
     profile = replace(profile, device_blocks=kv["blocks"], block_tokens=kv["block_tokens"],

@@ -111,7 +111,8 @@ def regime(
     _check_kv_scales(trace, strict, profile, kv_scales)
     thresholds = Thresholds(light_excess, overload_wait)
 
-    base = RunSpec(POLICIES[0], rates[0], trace, profile, duration, seed, predictor, api_estimator, strict=strict)
+    base = RunSpec(POLICIES[0], rates[0], trace, profile, duration, seed, predictor, api_estimator, strict=strict,
+                   prefix_cache=False)
     specs = [replace(base, policy=policy, qps=rate, kv_scale=kv, api_time_scale=api)
              for api in api_scales for kv in kv_scales for rate in rates for policy in POLICIES]
     started = time.perf_counter()

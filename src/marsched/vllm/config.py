@@ -87,7 +87,8 @@ class MarsConfig:
                 raise ValueError("marsched config: give either 'profile' (a measured cost model) or 'cost', not both")
         if self.policy in SIMULATOR_ONLY:
             raise ValueError(f"marsched config 'policy': {self.policy} runs only in the simulator "
-                             "(marsched simulate/compare); in vLLM use infercept")
+                             "(marsched simulate/compare)" + ("; in vLLM use infercept" if self.policy == "infercept-code"
+                                                              else ""))
         self.build_policy(token_budget=1)
         self.retention_rule()
 
