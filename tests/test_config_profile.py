@@ -156,3 +156,15 @@ def test_the_simulator_only_policy_is_refused_in_vllm_and_by_bench():
         MarsConfig(policy="infercept-code")
     with pytest.raises(ValueError, match="--policies infercept-code: runs only in the simulator"):
         BenchSpec("model", policies=("vllm", "infercept-code")).check()
+
+
+def test_every_simulator_only_policy_is_refused_on_vllm_with_what_to_use_instead():
+    from marsched.policy.registry import SIMULATOR_ONLY
+    assert {"infercept-code", "vllm-v0", "vllm-offload", "continuum", "continuum-public", "autellix"} <= SIMULATOR_ONLY
+    for name, instead in (("autellix", None), ("vllm-offload", "vllm"), ("infercept-code", "infercept")):
+        with pytest.raises(ValueError) as error:
+            MarsConfig(policy=name)
+        assert f"{name} runs only in the simulator" in str(error.value)
+        assert (f"on vLLM use {instead}" in str(error.value)) == (instead is not None)
+        with pytest.raises(ValueError, match=f"--policies {name}: runs only in the simulator"):
+            BenchSpec("model", policies=(name,)).check()

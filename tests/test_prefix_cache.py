@@ -8,7 +8,7 @@ import random
 import pytest
 
 from marsched.bench.runner import RunSpec, run_one
-from marsched.policy.registry import POLICY_NAMES, SIMULATOR_ONLY, make_policy
+from marsched.policy.registry import POLICY_NAMES, make_policy
 from marsched.sim.engine import Simulator
 from marsched.sim.prefix_cache import CachingBlockPool, FreeBlockQueue
 from marsched.sim.profile import load_profile, scale_kv_capacity
@@ -164,7 +164,7 @@ def test_vllm_v0_never_caches() -> None:
     assert make_policy("vllm", cost, prefix_cache=True).prefix_cache
 
 
-@pytest.mark.parametrize("policy", [p for p in POLICY_NAMES])
+@pytest.mark.parametrize("policy", POLICY_NAMES)
 def test_every_policy_conserves_blocks_with_the_prefix_cache(policy: str) -> None:
     """Memory binds (a small KV cache): every block is in use by a live request or in the free
     queue, after every step, and every request finishes."""

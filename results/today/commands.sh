@@ -12,3 +12,5 @@ marsched compare --trace multi --profile gptj-6b-a100 --policies $P --qps 3,4,5,
   --json results/today/multi-gptj-6b-a100.json
 marsched compare --trace single --profile gptj-6b-a100 --policies $P --qps 3,4,5,6 --duration 600 --seed 0 \
   --json results/today/single-gptj-6b-a100.json
+marsched compare --trace agent --profile gptj-6b-a100 --policies $P --qps 0.1,0.2,0.4 --duration 600 --seed 0 \
+  --json results/today/agent-gptj-6b-a100.json

@@ -11,7 +11,7 @@ from marsched.bench.options import (
     check_api_estimator, check_dtype, check_engine_profile, check_kv_cache_gb, check_nonnegative, check_policy,
     check_positive, check_predictor, check_seed, check_starvation,
 )
-from marsched.policy.registry import POLICY_NAMES, SIMULATOR_ONLY
+from marsched.policy.registry import POLICY_NAMES, SIMULATOR_ONLY, simulator_only_reason
 
 
 @dataclass(frozen=True, slots=True)
@@ -41,9 +41,7 @@ class BenchSpec:
         for policy in self.policies:
             check_policy("--policies", policy)
             if policy in SIMULATOR_ONLY:
-                raise ValueError(f"--policies {policy}: runs only in the simulator (marsched compare)"
-                                 + ("; on vLLM use infercept" if policy == "infercept-code" else
-                                    "; on vLLM use vllm" if policy.startswith("vllm") else ""))
+                raise ValueError(f"--policies {policy}: {simulator_only_reason(policy)}")
         check_predictor(self.predictor)
         check_api_estimator(self.api_estimator)
         check_positive("--duration", self.duration_s)

@@ -49,12 +49,21 @@ POLICY_NAMES: tuple[str, ...] = tuple(_NAMED)
 # Policies that model an engine without a prefix cache, whatever the run asks: vLLM 0.2 (the
 # paper's stock vLLM) and INFERCEPT's published code (a fork of vLLM 0.2).
 NO_PREFIX_CACHE: frozenset[str] = frozenset({"vllm-v0", "infercept-code"})
-# Policies only the simulator runs: INFERCEPT's code moves parts of a request's KV, which vLLM's
-# KV manager does not; vLLM 0.2 is not the vLLM the plugin runs in; today's peers are modelled
-# here only.
-SIMULATOR_ONLY: frozenset[str] = frozenset(
-    n for n, (_, rule, _, _) in _NAMED.items() if rule in (StrategyRule.BUDGETED, StrategyRule.TTL)
-) | {"vllm-v0", "vllm-offload"}
+# Policies only the simulator runs, with what to run on vLLM instead (None: nothing alike there).
+# INFERCEPT's code moves parts of a request's KV, which vLLM's KV manager does not; vLLM 0.2 is
+# not the vLLM the plugin runs in; today's peers (whose state, such as Autellix's attained
+# service, only the simulator keeps) are modelled here only.
+_ON_VLLM_INSTEAD: dict[str, str | None] = {
+    "infercept-code": "infercept", "vllm-v0": "vllm", "vllm-offload": "vllm",
+    "continuum": None, "continuum-public": None, "autellix": None,
+}
+SIMULATOR_ONLY: frozenset[str] = frozenset(_ON_VLLM_INSTEAD)
+
+
+def simulator_only_reason(name: str) -> str:
+    """Why simulator-only policy `name` is refused on vLLM, and what to use there instead."""
+    instead = _ON_VLLM_INSTEAD[name]
+    return "runs only in the simulator (marsched simulate/compare)" + (f"; on vLLM use {instead}" if instead else "")
 
 # Starvation prevention variants; `fcfs-wait` is MARS's default here (docs/policies.md, "What MARS does").
 STARVATION_VARIANTS: dict[str, StarvationConfig] = {

@@ -18,7 +18,7 @@ from pathlib import Path
 from typing import Any
 
 from marsched.policy import CostModel, Policy, make_policy, parse_threshold
-from marsched.policy.registry import SIMULATOR_ONLY
+from marsched.policy.registry import SIMULATOR_ONLY, simulator_only_reason
 from marsched.policy.retention import DEFAULT_LIMIT_S, RetentionRule, parse_retention
 from marsched.predict import SegmentPredictor, parse_api_estimator, parse_length_predictor
 
@@ -86,9 +86,7 @@ class MarsConfig:
             if self.cost != CostSettings():
                 raise ValueError("marsched config: give either 'profile' (a measured cost model) or 'cost', not both")
         if self.policy in SIMULATOR_ONLY:
-            raise ValueError(f"marsched config 'policy': {self.policy} runs only in the simulator "
-                             "(marsched simulate/compare)" + ("; in vLLM use infercept" if self.policy == "infercept-code"
-                                                              else ""))
+            raise ValueError(f"marsched config 'policy': {self.policy} {simulator_only_reason(self.policy)}")
         self.build_policy(token_budget=1)
         self.retention_rule()
 
