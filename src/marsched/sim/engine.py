@@ -184,12 +184,16 @@ class Simulator:
     def _free_keeping_prefix(self, sim_request: SimRequest) -> None:
         """Free the request's device blocks; with a prefix cache its full ones keep their content."""
         if self.policy.prefix_cache:
-            full = min(sim_request.progress.computed_tokens // self.block_tokens, sim_request.device_blocks)
+            full = self._full_blocks(sim_request)
             self.device.release(sim_request.device_blocks, sim_request.rid, full)
             if self.host_tier is not None:  # what it computed of its prompt (vLLM offloads prompts only)
                 self.host_tier.store(sim_request.rid, min(full, self._prompt_tokens(sim_request) // self.block_tokens))
         else:
             self.device.release(sim_request.device_blocks)
+
+    def _full_blocks(self, sim_request: SimRequest) -> int:
+        """The request's device blocks whose every token is computed (the ones a prefix cache keeps)."""
+        return min(sim_request.progress.computed_tokens // self.block_tokens, sim_request.device_blocks)
 
     @staticmethod
     def _prompt_tokens(sim_request: SimRequest) -> int:
@@ -357,8 +361,7 @@ class Simulator:
             self.host_tier.retire(sim_request.rid)
         if self.policy.prefix_cache:
             self.device.queue.forget(sim_request.rid)
-            self.device.release(sim_request.device_blocks, None,
-                                min(sim_request.progress.computed_tokens // self.block_tokens, sim_request.device_blocks))
+            self.device.release(sim_request.device_blocks, None, self._full_blocks(sim_request))
         else:
             self.device.release(sim_request.device_blocks)
 
@@ -368,15 +371,17 @@ class Simulator:
         `get_computed_blocks` caps a hit)."""
         if not self.policy.prefix_cache or sim_request.device_blocks:
             return 0
-        limit = (sim_request.progress.context_tokens - 1) // self.block_tokens
-        return min(self.device.queue.cached(sim_request.rid), limit)
+        return min(self.device.queue.cached(sim_request.rid), self._hit_limit(sim_request))
 
     def _host_hit(self, sim_request: SimRequest) -> int:
         """Leading blocks of a request that holds none stored in the host tier, short of its last token."""
         if self.host_tier is None or sim_request.device_blocks:
             return 0
-        limit = (sim_request.progress.context_tokens - 1) // self.block_tokens
-        return min(self.host_tier.stored(sim_request.rid), limit)
+        return min(self.host_tier.stored(sim_request.rid), self._hit_limit(sim_request))
+
+    def _hit_limit(self, sim_request: SimRequest) -> int:
+        """The most blocks a hit serves: the context's full blocks short of its last token."""
+        return (sim_request.progress.context_tokens - 1) // self.block_tokens
 
     def _start_prefix_load(self, sim_request: SimRequest, device_hit: int) -> bool:
         """Load the request's stored prefix past its device hit from the host, before it computes
