@@ -390,7 +390,7 @@ def test_seconds_clock_promotion_due_while_idle_does_not_stall():
 def test_iterations_to_reach_is_the_fewest_whose_series_reaches_the_event():
     """`_iterations_to_reach` against its definition, counted one iteration at a time, with events on
     and beside iteration boundaries (where the closed-form estimate is off by one and is settled)."""
-    from marsched.sim.engine import _iterations_to_reach, _series
+    from marsched.sim.stretch import iterations_to_reach as _iterations_to_reach, series as _series
 
     def counted(seconds, first, growth):
         target = seconds - 1e-9 * first

@@ -26,20 +26,18 @@ from marsched.metrics.records import RequestRecord
 from marsched.metrics.trace import EventTrace
 from marsched.policy.admission import KvOutlook
 from marsched.policy.compaction import cached_after_call
-from marsched.policy.cost_model import attention_pairs
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy, StrategyRule
 from marsched.policy.progress import RequestProgress
 from marsched.policy.queue import WaitingQueue
 from marsched.sim.invariants import check_invariants
+from marsched.sim.iteration import IterationRun
 from marsched.sim.request import Phase, SimRequest, SimResult, finished_record
 from marsched.sim.spawns import HeldSpawns
-from marsched.sim.stretch import (
-    iterations_to_reach as _iterations_to_reach, series as _series, steps_in_blocks as _steps_in_blocks,
-)
 from marsched.sim.link import HostLink
 from marsched.sim.memory import BlockPool, blocks_for, check_fits
 from marsched.sim.prefix_cache import CachingBlockPool, HostPrefixTier
+from marsched.sim.prefix_reuse import PrefixReuse
 from marsched.sim.profile import Profile
 from marsched.workload.model import Request
 
@@ -47,7 +45,7 @@ from marsched.workload.model import Request
 StepHook = Callable[["Simulator"], None]
 
 
-class Simulator:
+class Simulator(PrefixReuse, IterationRun):
     _runs_budgeted = False  # whether this engine runs INFERCEPT's code (`StrategyRule.BUDGETED`)
 
     def __init__(
@@ -181,26 +179,6 @@ class Simulator:
         sim_request.device_blocks = 0
         sim_request.progress.computed_tokens = 0
 
-    def _free_keeping_prefix(self, sim_request: SimRequest) -> None:
-        """Free the request's device blocks; with a prefix cache its full ones keep their content."""
-        if self.policy.prefix_cache:
-            full = self._full_blocks(sim_request)
-            self.device.release(sim_request.device_blocks, sim_request.rid, full)
-            if self.host_tier is not None:  # what it computed of its prompt (vLLM offloads prompts only)
-                self.host_tier.store(sim_request.rid, min(full, self._prompt_tokens(sim_request) // self.block_tokens))
-        else:
-            self.device.release(sim_request.device_blocks)
-
-    def _full_blocks(self, sim_request: SimRequest) -> int:
-        """The request's device blocks whose every token is computed (the ones a prefix cache keeps)."""
-        return min(sim_request.progress.computed_tokens // self.block_tokens, sim_request.device_blocks)
-
-    @staticmethod
-    def _prompt_tokens(sim_request: SimRequest) -> int:
-        """The prompt of the request stock vLLM runs now: the context its current segment started
-        from (a request that leaves at each call comes back with the whole context as its prompt)."""
-        return sim_request.progress.segment.context_tokens
-
     def swap_out(self, sim_request: SimRequest) -> None:
         self.host.allocate(sim_request.device_blocks)
         sim_request.host_blocks = sim_request.device_blocks
@@ -269,10 +247,7 @@ class Simulator:
         self.device.release(from_device)
         sim_request.device_blocks -= from_device
         sim_request.progress.computed_tokens = min(sim_request.progress.computed_tokens, keep_tokens)
-        if self.policy.prefix_cache:  # cached blocks past the kept prefix hold what the client dropped
-            self.device.queue.truncate(sim_request.rid, keep_tokens // self.block_tokens)
-        if self.host_tier is not None:
-            self.host_tier.truncate(sim_request.rid, keep_tokens // self.block_tokens)
+        self._forget_past(sim_request.rid, keep_tokens)
 
     def _reconsider_paused(self) -> None:
         self.lifecycle.reconsider_paused()
@@ -341,10 +316,7 @@ class Simulator:
                     break
                 admitted = True
                 continue
-            if hit:
-                self.device.take_back(sim_request.rid, hit)
-                sim_request.device_blocks = hit
-                progress.computed_tokens = hit * self.block_tokens
+            self._take_device_hit(sim_request, hit)
             self._grow(sim_request, tokens)
             self._leave_queue(sim_request, tokens)
             sim_request.phase = Phase.RUNNING
@@ -353,52 +325,6 @@ class Simulator:
             budget -= tokens
             admitted = True
         return admitted
-
-    def _free_ended(self, sim_request: SimRequest) -> None:
-        """Free an ended request's device blocks: with a prefix cache its full ones still go to the
-        tail of the free queue (vLLM cannot know no one will ask for them)."""
-        if self.host_tier is not None:
-            self.host_tier.retire(sim_request.rid)
-        if self.policy.prefix_cache:
-            self.device.queue.forget(sim_request.rid)
-            self.device.release(sim_request.device_blocks, None, self._full_blocks(sim_request))
-        else:
-            self.device.release(sim_request.device_blocks)
-
-    def _prefix_hit(self, sim_request: SimRequest) -> int:
-        """Blocks a request that holds none takes back from the prefix cache: its leading blocks
-        still cached, short of its last token, which is computed again for its logits (as vLLM's
-        `get_computed_blocks` caps a hit)."""
-        if not self.policy.prefix_cache or sim_request.device_blocks:
-            return 0
-        return min(self.device.queue.cached(sim_request.rid), self._hit_limit(sim_request))
-
-    def _host_hit(self, sim_request: SimRequest) -> int:
-        """Leading blocks of a request that holds none stored in the host tier, short of its last token."""
-        if self.host_tier is None or sim_request.device_blocks:
-            return 0
-        return min(self.host_tier.stored(sim_request.rid), self._hit_limit(sim_request))
-
-    def _hit_limit(self, sim_request: SimRequest) -> int:
-        """The most blocks a hit serves: the context's full blocks short of its last token."""
-        return (sim_request.progress.context_tokens - 1) // self.block_tokens
-
-    def _start_prefix_load(self, sim_request: SimRequest, device_hit: int) -> bool:
-        """Load the request's stored prefix past its device hit from the host, before it computes
-        (vLLM's offloading loads a hit asynchronously and holds the request until it is in)."""
-        blocks = self._host_hit(sim_request)
-        if blocks > self.device.free:
-            return False
-        if device_hit:
-            self.device.take_back(sim_request.rid, device_hit)
-        self.device.allocate(blocks - device_hit)
-        sim_request.device_blocks = blocks
-        sim_request.progress.computed_tokens = blocks * self.block_tokens
-        self._leave_queue(sim_request, 0)
-        sim_request.phase = Phase.SWAPPING_IN
-        sim_request.transfer = self.link_in.start(sim_request, (blocks - device_hit) * self.block_tokens,
-                                                  blocks - device_hit)
-        return True
 
     def _has_sequence_room(self) -> bool:
         """Whether the profile's cap on running requests (vLLM's max_num_seqs) lets one more in. A
@@ -457,121 +383,6 @@ class Simulator:
         sim_request.phase = Phase.SWAPPING_IN
         sim_request.transfer = self.link_in.start(sim_request, sim_request.progress.computed_tokens, blocks)
         return True
-
-    # --- running an iteration ---------------------------------------------------------
-
-    def _run_batch(self, batch: list[tuple[SimRequest, int]], settled: bool) -> None:
-        # A request that only swaps blocks in this iteration (n = 0) costs no compute. Attention
-        # reads each sequence's cached context plus its new tokens (cost_model.py).
-        computing = tokens = context_tokens = pairs = 0
-        for r, n in batch:
-            if n:
-                cached = r.progress.computed_tokens
-                computing += 1
-                tokens += n
-                context_tokens += cached + n
-                pairs += attention_pairs(n, cached)
-        dt = self.cost.iteration_time(tokens, context_tokens, computing, pairs)
-        # Each decode iteration after the first reads one more token, one more pair, per sequence.
-        growth = self.cost.decode_growth_s(computing)
-        iterations = 1
-        if settled and len(batch) == len(self.running) and all(
-            r.progress.pending_tokens == 1 for r, _ in batch
-        ):
-            iterations = self._identical_iterations([r for r, _ in batch], dt, growth)
-        span = _series(dt, growth, iterations)
-        self.steps += 1
-        end = self.now + span
-        self.lifecycle.scheduled(iterations=iterations, batch=computing, tokens=tokens,
-                                 context_tokens=context_tokens, free_blocks=self.device.free,
-                                 host_free_blocks=self.host.free, dt_s=dt, span_s=span)
-        finished_segment: list[SimRequest] = []
-        for sim_request, n in batch:
-            progress = sim_request.progress
-            if iterations > 1:
-                progress.computed_tokens += iterations - 1  # the first iteration's n=1 is added below
-                progress.generated += iterations - 1
-                progress.context_tokens += iterations - 1
-                self._grow(sim_request, n)
-            progress.computed_tokens += n
-            if progress.computed_tokens == progress.context_tokens:
-                progress.generated += 1
-                progress.context_tokens += 1
-                if math.isnan(sim_request.first_token_s):
-                    sim_request.first_token_s = end
-                if progress.generated >= progress.segment.output_tokens:
-                    finished_segment.append(sim_request)
-            self.queue.served(sim_request.rid, n + iterations - 1)
-            progress.attained_iterations += iterations
-        self.iteration += iterations
-        self.tau.observe(dt, growth, iterations)
-        self._advance_links(span)
-        self.now = end
-        for sim_request in finished_segment:
-            self._end_segment(sim_request)
-
-    def _identical_iterations(self, running: list[SimRequest], dt: float, growth: float) -> int:
-        """How many decode-only iterations like this one (the first taking `dt`, each next `growth`
-        longer) can run before anything changes."""
-        limit = min(r.progress.segment.output_tokens - r.progress.generated for r in running)
-        seconds = self._seconds_to_next_event()
-        if seconds is not None:
-            limit = min(limit, _iterations_to_reach(seconds, dt, growth))
-        promotion = self.queue.iterations_to_next_promotion(self.iteration)
-        if promotion is not None:
-            limit = min(limit, promotion)
-        if limit <= 1:
-            return 1
-        # Decode growth must fit in the free blocks; the first iteration's blocks are taken already.
-        return _steps_in_blocks([(r.progress.computed_tokens, r.device_blocks) for r in running],
-                                limit, self.device.free, self.block_tokens)
-
-    def _seconds_to_next_event(self, to_horizon: bool = True) -> float | None:
-        """Time from now to the next arrival, call return, transfer completion or promotion (seconds clock),
-        or to the horizon of `run_until` when that comes first (unless `to_horizon` is false)."""
-        times = []
-        if self._next_arrival < len(self.pending):
-            times.append(self.pending[self._next_arrival].arrival_s - self.now)
-        if self._calls:
-            times.append(self._calls[0][0] - self.now)
-        for link in (self.link_out, self.link_in):
-            seconds = link.seconds_to_next_completion()
-            if seconds is not None:
-                times.append(seconds)
-        promotion = self.queue.seconds_to_next_promotion(self.now)
-        if promotion is not None:
-            times.append(promotion)
-        if self.policy.releases_pins:  # a pin's time-to-live ends
-            times.extend(self.policy.pin_expiry_s(h.progress) - self.now for h in self.paused_preserved.values())
-        if to_horizon and self._horizon_s < math.inf:  # a cluster's next arrival, which may come here
-            times.append(self._horizon_s - self.now)
-        return max(min(times), 0.0) if times else None
-
-    def _idle_until_next_event(self) -> None:
-        seconds = self._seconds_to_next_event()
-        if seconds is None:
-            raise RuntimeError(
-                f"simulation stalled at t={self.now:.3f}s: {len(self.queue)} queued, {len(self.running)} running, "
-                f"{self.device.free}/{self.device.capacity} device blocks free"
-            )
-        self._advance_links(seconds)
-        self.now += seconds
-
-    def _advance_links(self, seconds: float) -> None:
-        for transfer in self.link_out.advance(seconds):
-            sim_request: SimRequest = transfer.owner
-            sim_request.transfer = None
-            self.device.release(sim_request.device_blocks)
-            self.lifecycle.swapped_out(sim_request, sim_request.device_blocks, self.now + seconds)
-            sim_request.device_blocks = 0
-        for transfer in self.link_in.advance(seconds):
-            sim_request = transfer.owner
-            sim_request.transfer = None
-            self.host.release(sim_request.host_blocks)  # none for a prefix load: the host keeps its copy
-            self.lifecycle.swapped_in(sim_request, transfer.blocks, self.now + seconds)
-            sim_request.host_blocks = 0
-            sim_request.phase = Phase.RUNNING
-            self.running.append(sim_request)
 
     # --- calls and completion ---------------------------------------------------------
 
