@@ -306,6 +306,10 @@ def serve(
         help="Under vLLM's --data-parallel-size N: the rank a new conversation goes to ('least-loaded': vLLM's own "
              "balancer's rule; 'mars': least predicted memory x time in flight; 'hash': of its id; 'off': vLLM "
              "places every turn anew). Its later turns follow it.")] = "least-loaded",
+    bench_reply_lengths: Annotated[bool, typer.Option(
+        "--bench-reply-lengths", help="Benchmarks only: end each reply at the length its request asks for in "
+                                      "vllm_xargs.marsched_bench_reply_tokens, unseen by the scheduler "
+                                      "(marsched loadgen sends it; docs/loadgen.md).")] = False,
 ) -> None:
     """Serve MODEL with vLLM's OpenAI-compatible API, scheduled by MARS (needs vLLM).
 
@@ -360,7 +364,8 @@ def serve(
         options = ServeOptions(model, mars, host=host, port=port, swap=swap, state_endpoint=state_endpoint,
                                cpu_kv_cache_gib=cpu_kv_cache_gib, cpu_threads_bind=cpu_bind,
                                cpu_reserved_cores=cpu_reserved_cores, vllm_args=tuple(ctx.args),
-                               tools=str(tools.absolute()) if tools else None, dp_placement=dp_placement)
+                               tools=str(tools.absolute()) if tools else None, dp_placement=dp_placement,
+                               bench_reply_lengths=bench_reply_lengths)
         options.check()
     except ValueError as error:
         fail(str(error))
@@ -393,6 +398,11 @@ app.command("export")(_export)
 from marsched.predict.commands import app as _predictor_app  # noqa: E402
 
 app.add_typer(_predictor_app, name="predictor")
+
+# Load against any OpenAI-compatible server: `marsched loadgen URL` replays agent conversations.
+from marsched.loadgen.command import loadgen as _loadgen  # noqa: E402
+
+app.command("loadgen")(_loadgen)
 
 
 if __name__ == "__main__":

@@ -67,6 +67,7 @@ ENTRY = "vllm.entrypoints.launchers.api_server.entry"
 SCHEDULER_CLS = "marsched.vllm.MarsScheduler"
 WORKER_EXTENSION_CLS = "marsched.vllm.inspect.MarsWorkerExtension"
 VALIDATOR = "marsched.vllm.validate:MarsRequestValidator"
+BENCH_REPLY_LENGTH = "marsched.loadgen.reply_length:BenchReplyLength"  # --bench-reply-lengths (docs/loadgen.md)
 STATE_MIDDLEWARE = "marsched.serve.state.MarsStateMiddleware"
 TOOLS_MIDDLEWARE = "marsched.serve.server_tools.ServerToolsMiddleware"
 METRICS_MIDDLEWARE = "marsched.serve.metrics.MarsMetricsMiddleware"
@@ -103,6 +104,7 @@ class ServeOptions:
     vllm_args: tuple[str, ...] = ()  # passed on to vLLM's server, after marsched's
     tools: str | None = None  # the server-side tools file (marsched.serve.tool_config); None: none
     dp_placement: str = "least-loaded"  # a new conversation's data-parallel rank (marsched.policy.placement)
+    bench_reply_lengths: bool = False  # load BENCH_REPLY_LENGTH: replies end at a length the client asks for
 
     def check(self) -> None:
         """Raise ValueError naming the option if something cannot work; changes nothing."""
@@ -199,7 +201,10 @@ def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[st
     ]
     if options.swap:
         command += ["--kv-transfer-config", json.dumps(SWAP_CONNECTOR, separators=(",", ":"))]
-    processors = ([VALIDATOR] if options.validate else []) + merged.get("--logits-processors", [])
+    processors = [VALIDATOR] if options.validate else []
+    if options.bench_reply_lengths:
+        processors.append(BENCH_REPLY_LENGTH)
+    processors += merged.get("--logits-processors", [])
     if processors:
         command += ["--logits-processors", *processors]
     command += ["--middleware", STOP_MARKS_MIDDLEWARE, "--middleware", AFFINITY_MIDDLEWARE]
@@ -335,6 +340,8 @@ def describe(options: ServeOptions, env: dict[str, str]) -> str:
         parts.append(f"trace {m.trace_path}")
     if options.tools:
         parts.append(f"server-side tools {options.tools}")
+    if options.bench_reply_lengths:
+        parts.append("bench reply lengths forced")
     dp = data_parallel_size(options.vllm_args)
     if dp > 1:
         parts.append(f"{dp} data-parallel ranks, conversations placed by {options.dp_placement}")

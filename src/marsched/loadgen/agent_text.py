@@ -1,0 +1,100 @@
+"""Agent sessions with their real text (the bundled agent-text traces) as sessions to replay.
+
+The files (``marsched/loadgen/data/agent_text_*.jsonl.gz``; provenance in the README beside
+them) hold one model call per line: ``timestamp`` (microseconds), ``input`` (the whole prompt
+as text), ``output`` (the reply as text), ``session_id``. How a session becomes turns:
+
+- **Order.** A session's calls, sorted by ``timestamp`` (the files are not always in time
+  order; ties keep the file's order).
+- **Prompt.** Each turn sends its call's ``input`` as it is, a completions prompt
+  (`TextPrompt`): the trace's text, faithful to the byte, not the served model's replies. An
+  agent's next input extends its previous input in most steps, so a server's prefix cache
+  finds the earlier turns; the replies the server generates are not part of any later prompt.
+- **Reply length.** The ``output``'s length in GPT-2 tokens (`marsched.workload.tokenizer`,
+  the tokenizer the project counts text with; a modern vocabulary gives a similar count for
+  English and code), at least 1.
+- **Gap.** The time from one call's timestamp to the next. The trace records one time per
+  call, so the gap holds the tool's (or the other agents') time together with the original
+  model's time to answer: it is an upper bound of the tool time. ``--gap-scale`` and
+  ``--max-gap-s`` shape it.
+
+Session keys are ``<set>:<session_id>`` (``miniswe:0639...``). A file's problems raise
+`AgentTextError` naming the file, the line and the field.
+"""
+
+from __future__ import annotations
+
+import gzip
+import json
+from collections.abc import Sequence
+from importlib.resources import files
+
+from marsched.loadgen.session import Session, TextPrompt, Turn
+from marsched.workload.tokenizer import count_tokens_batch
+
+SETS = ("miniswe", "magagent")
+FIELDS = ("timestamp", "input", "output", "session_id")
+
+
+class AgentTextError(ValueError):
+    """A record of an agent-text file is not usable; the message names file, line and field."""
+
+
+def bundled_file(name: str) -> str:
+    return f"agent_text_{name}.jsonl.gz"
+
+
+def load_agent_text(sets: Sequence[str] = SETS) -> list[Session]:
+    """The bundled sessions of `sets` (names from SETS), in file order."""
+    sessions: list[Session] = []
+    for name in sets:
+        if name not in SETS:
+            raise ValueError(f"unknown agent-text set {name!r}: {', '.join(SETS)}")
+        resource = files("marsched.loadgen") / "data" / bundled_file(name)
+        sessions += parse_agent_text(gzip.decompress(resource.read_bytes()).decode("utf-8"), name, str(resource))
+    return sessions
+
+
+def parse_agent_text(text: str, set_name: str, source: str) -> list[Session]:
+    """Sessions from the lines of one file (`set_name` prefixes their keys; `source` names it in errors)."""
+    calls: dict[str, list[tuple[int, int, dict]]] = {}  # session id -> (timestamp, line, record)
+    for number, line in enumerate(text.splitlines(), start=1):
+        if not line.strip():
+            continue
+        record = _record(line, number, source)
+        calls.setdefault(record["session_id"], []).append((record["timestamp"], number, record))
+    if not calls:
+        raise AgentTextError(f"{source}: no records")
+    ordered = {sid: [record for _, _, record in sorted(rows, key=lambda row: row[:2])] for sid, rows in calls.items()}
+    lengths = iter(count_tokens_batch([r["output"] for rows in ordered.values() for r in rows]))
+    sessions = []
+    for sid, rows in ordered.items():
+        turns = []
+        for index, record in enumerate(rows):
+            after = rows[index + 1]["timestamp"] if index + 1 < len(rows) else record["timestamp"]
+            turns.append(Turn(TextPrompt(record["input"]), max(next(lengths), 1), (after - record["timestamp"]) / 1e6))
+        sessions.append(Session(f"{set_name}:{sid}", tuple(turns)))
+    return sessions
+
+
+def _record(line: str, number: int, source: str) -> dict:
+    where = f"{source}: line {number}"
+    try:
+        record = json.loads(line)
+    except json.JSONDecodeError as error:
+        raise AgentTextError(f"{where}: not JSON ({error.msg})") from None
+    if not isinstance(record, dict):
+        raise AgentTextError(f"{where}: not a JSON object")
+    for key in FIELDS:
+        if key not in record:
+            raise AgentTextError(f"{where}: {key}: missing")
+    if type(record["timestamp"]) is not int or record["timestamp"] < 0:
+        raise AgentTextError(f"{where}: timestamp: must be a whole number of microseconds >= 0, "
+                             f"got {record['timestamp']!r}")
+    for key in ("input", "output"):
+        if not isinstance(record[key], str):
+            raise AgentTextError(f"{where}: {key}: must be text, got {type(record[key]).__name__}")
+    sid = record["session_id"]
+    if not isinstance(sid, str) or not sid or "/" in sid or len(sid) > 128:
+        raise AgentTextError(f"{where}: session_id: must be 1 to 128 characters without '/', got {sid!r}")
+    return record
