@@ -269,7 +269,10 @@ def serve(
     starvation: VariantOpt = "default",
     starvation_threshold: StarvationOpt = "default",
     admission: AdmissionOpt = "default",
-    predictor: PredictorOpt = "oracle",
+    predictor: Annotated[str, typer.Option(
+        help="Output-length predictor: 'auto' (learned, every request predicted in the API server, when the "
+             "predict extra is installed; else oracle: each request's plan or max_tokens), oracle, type-mean, "
+             "learned or learned:DIR.")] = "auto",
     api_estimator: ApiOpt = "type-mean",
     refresh_interval: RefreshOpt = 1,
     seed: SeedOpt = 0,
@@ -319,8 +322,10 @@ def serve(
     (docs/vllm-plugin.md); a bad value is answered with HTTP 400 naming the field.
     Ctrl-C (or SIGTERM) stops the server and all its processes.
     """
+    from marsched.serve.launch import resolve_predictor
     from marsched.vllm.config import CostSettings, MarsConfig
 
+    predictor = resolve_predictor(predictor)
     checked(lambda: check_policy("--policy", policy))
     checked(lambda: check_run_options(
         seed=seed, predictor=predictor, api_estimator=api_estimator, starvation_threshold_text=starvation_threshold,
@@ -357,7 +362,8 @@ def serve(
         fail(f"--retention {retention} --retention-limit-s {retention_limit_s:g}: {error}")
     try:
         mars = MarsConfig(policy=policy, starvation=starvation, starvation_threshold=starvation_threshold,
-                          admission=admission, refresh_interval=refresh_interval, predictor=predictor,
+                          admission=admission, refresh_interval=refresh_interval,
+                          predictor=predictor,
                           api_estimator=api_estimator, seed=seed,
                           trace_path=str(trace_out.absolute()) if trace_out else None, cost=cost,
                           profile=profile, retention=retention, retention_limit_s=retention_limit_s)

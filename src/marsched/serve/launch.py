@@ -45,6 +45,7 @@ is 0 unless given, which SIGKILLs the engine core at once; `serve` gives it
 
 from __future__ import annotations
 
+import importlib.util
 import json
 import os
 import signal
@@ -60,6 +61,7 @@ from dataclasses import dataclass, field, replace
 from typing import Any
 
 from marsched.serve.affinity import ENV as PLACEMENT_ENV, placement_from_env
+from marsched.serve.prediction import ENV as PREDICTOR_ENV
 from marsched.serve.tool_config import ENV as TOOLS_ENV, load_tools_config
 from marsched.vllm.config import MarsConfig
 
@@ -69,6 +71,7 @@ WORKER_EXTENSION_CLS = "marsched.vllm.inspect.MarsWorkerExtension"
 VALIDATOR = "marsched.vllm.validate:MarsRequestValidator"
 BENCH_REPLY_LENGTH = "marsched.loadgen.reply_length:BenchReplyLength"  # --bench-reply-lengths (docs/loadgen.md)
 STATE_MIDDLEWARE = "marsched.serve.state.MarsStateMiddleware"
+PREDICTION_MIDDLEWARE = "marsched.serve.prediction.PredictionMiddleware"
 TOOLS_MIDDLEWARE = "marsched.serve.server_tools.ServerToolsMiddleware"
 METRICS_MIDDLEWARE = "marsched.serve.metrics.MarsMetricsMiddleware"
 STOP_MARKS_MIDDLEWARE = "marsched.serve.stop_marks.StopStringMarksMiddleware"
@@ -163,7 +166,19 @@ def vllm_environment(options: ServeOptions, environ: dict[str, str] | None = Non
     if options.tools is not None:
         env[TOOLS_ENV] = os.path.abspath(options.tools)
     env[PLACEMENT_ENV] = options.dp_placement
+    if options.mars.learned:
+        env[PREDICTOR_ENV] = options.mars.predictor
+    else:
+        env.pop(PREDICTOR_ENV, None)
     return env
+
+
+def resolve_predictor(spec: str) -> str:
+    """`auto` (the serving default): the learned predictor when the `predict` extra is installed,
+    else `oracle` (a request's plan, or its max_tokens)."""
+    if spec != "auto":
+        return spec
+    return "learned" if importlib.util.find_spec("all_minilm_l6_v2") is not None else "oracle"
 
 
 def stock_reserved_cores(vllm_args: tuple[str, ...]) -> int:
@@ -207,7 +222,11 @@ def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[st
     processors += merged.get("--logits-processors", [])
     if processors:
         command += ["--logits-processors", *processors]
-    command += ["--middleware", STOP_MARKS_MIDDLEWARE, "--middleware", AFFINITY_MIDDLEWARE]
+    # vLLM adds middlewares in this order, each around the ones before: the prediction middleware
+    # reads other clients' program fields before affinity reads the conversation, and each round
+    # of a server-side tool loop (outermost) is predicted.
+    command += ["--middleware", STOP_MARKS_MIDDLEWARE, "--middleware", AFFINITY_MIDDLEWARE,
+                "--middleware", PREDICTION_MIDDLEWARE]
     if options.state_endpoint:
         command += ["--middleware", STATE_MIDDLEWARE, "--middleware", METRICS_MIDDLEWARE]
     if options.tools is not None:
@@ -330,7 +349,8 @@ def describe(options: ServeOptions, env: dict[str, str]) -> str:
         if getattr(m, key) != "default":
             parts.append(f"{key.replace('_', ' ')} {getattr(m, key)}")
     parts.append(f"retention {m.retention} (limit {m.retention_limit_s:g} s)")
-    parts.append(f"predictor {m.predictor}")
+    parts.append(f"predictor {m.predictor}" + (" (every request, in the API server)" if m.learned
+                                                else " (each request's plan or max_tokens)" if m.predictor == "oracle" else ""))
     parts.append("swap connector" if options.swap else "no swap connector")
     reserved = env.get("VLLM_CPU_NUM_OF_RESERVED_CPU")
     parts.append(f"CPU KV cache {env.get('VLLM_CPU_KVCACHE_SPACE')} GiB"

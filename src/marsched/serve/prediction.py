@@ -1,0 +1,353 @@
+"""A length prediction for every HTTP request, made in the API server: `marsched serve` with the
+learned predictor (on by default when the `predict` extra is installed).
+
+An ASGI middleware (`--middleware marsched.serve.prediction.PredictionMiddleware`; the head in
+`$MARSCHED_PREDICTOR`, `learned` or `learned:DIR`) reads each `POST /v1/completions` and
+`/v1/chat/completions` body before vLLM does:
+
+- the program fields other clients send are read as marsched's own (`program_fields.py`);
+- unless the request states `predicted` (or the router's `expected_output_length`), the learned
+  model predicts the reply's length from the newest turn's text, the context's size and the
+  conversation's previous reply (`turn_text.py`), capped at the request's `max_tokens`, and the
+  number goes into `vllm_xargs.marsched.predicted` (and the response header `x-marsched-predicted`);
+- a request it adds a field to gets a `rid`, unless it has one, which the client can look up in
+  `/marsched/state?request_id=` (the response header `x-marsched-request-id`).
+
+Predictions of concurrent requests are batched: while one batch runs in a worker thread (never
+on the event loop), the requests that arrive wait and form the next one. A conversation's
+previous reply length and prompt size come from its earlier responses (`usage`), remembered
+per conversation id; characters are turned into tokens at the ratio the responses' `usage`
+shows (4 characters a token until one has come).
+
+A request whose body is not JSON, or whose marsched object is malformed, passes through as it
+came, for vLLM's validator to answer. A malformed alias is answered here with a 400 naming the
+field. If the model fails, the request goes on unpredicted (the scheduler then reads its plan).
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+import os
+import uuid
+from collections import OrderedDict
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from typing import Any
+
+from marsched.serve.asgi_body import read_body, replay_body
+from marsched.serve.program_fields import AliasError, alias_fields, merged_xargs, own_fields
+from marsched.serve.turn_text import TurnText, chat_turn, completion_turn
+
+ENV = "MARSCHED_PREDICTOR"
+PATHS = ("/v1/completions", "/v1/chat/completions")
+MAX_BATCH = 64
+REMEMBERED = 100_000  # conversations whose last turn is remembered; the oldest is forgotten first
+MAX_RESPONSE_BYTES = 16 << 20  # a non-streamed response read for its usage; past this it is not read
+DEFAULT_CHARS_PER_TOKEN = 4.0
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class Features:
+    text: str
+    context_tokens: int
+    previous_tokens: int
+
+
+PredictBatch = Callable[[Sequence[Features]], Sequence[int]]
+
+
+class PredictionBatcher:
+    """Runs `predict` on batches of the requests that wait, one batch at a time, in a worker thread."""
+
+    def __init__(self, predict: PredictBatch, max_batch: int = MAX_BATCH) -> None:
+        self._predict = predict
+        self._max_batch = max_batch
+        self._pending: list[tuple[Features, asyncio.Future[int]]] = []
+        self._drainer: asyncio.Task[None] | None = None
+        self.batches = 0
+
+    async def predict(self, features: Features) -> int:
+        future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
+        self._pending.append((features, future))
+        if self._drainer is None or self._drainer.done():
+            self._drainer = asyncio.create_task(self._drain())
+        return await future
+
+    async def _drain(self) -> None:
+        # It first runs after the tasks already scheduled, so requests read in the same loop turn
+        # form the first batch.
+        while self._pending:
+            batch, self._pending = self._pending[:self._max_batch], self._pending[self._max_batch:]
+            try:
+                results = await asyncio.to_thread(self._predict, [features for features, _ in batch])
+            except Exception as error:  # noqa: BLE001 - each waiting request gets the failure
+                for _, future in batch:
+                    if not future.done():
+                        future.set_exception(error)
+                continue
+            self.batches += 1
+            for (_, future), result in zip(batch, results):
+                if not future.done():  # its client may have left
+                    future.set_result(int(result))
+
+
+@dataclass(slots=True)
+class LastTurn:
+    context_chars: int
+    reply_chars: int | None = None
+    reply_tokens: int | None = None
+
+
+class ConversationMemory:
+    """Each conversation's last turn: its prompt's size and, once answered, its reply's."""
+
+    def __init__(self, limit: int = REMEMBERED) -> None:
+        self._turns: OrderedDict[str, LastTurn] = OrderedDict()
+        self._limit = limit
+
+    def get(self, conversation: str | None) -> LastTurn | None:
+        return self._turns.get(conversation) if conversation is not None else None
+
+    def put(self, conversation: str, turn: LastTurn) -> None:
+        self._turns[conversation] = turn
+        self._turns.move_to_end(conversation)
+        while len(self._turns) > self._limit:
+            self._turns.popitem(last=False)
+
+    def __len__(self) -> int:
+        return len(self._turns)
+
+
+class CharsPerToken:
+    """Characters per prompt token, from the responses' `usage` (a running ratio of sums)."""
+
+    def __init__(self) -> None:
+        self._chars = 0
+        self._tokens = 0
+
+    def observe(self, chars: int, tokens: int) -> None:
+        if chars > 0 and tokens > 0:
+            self._chars += chars
+            self._tokens += tokens
+
+    @property
+    def ratio(self) -> float:
+        return self._chars / self._tokens if self._tokens else DEFAULT_CHARS_PER_TOKEN
+
+    def tokens(self, chars: int) -> int:
+        return max(round(chars / self.ratio), 0)
+
+
+class ResponseTally:
+    """What a response says of its reply: `usage` and the text's length, streamed (SSE) or not."""
+
+    def __init__(self) -> None:
+        self.streamed = False
+        self.reply_chars = 0
+        self.usage: dict[str, Any] | None = None
+        self._buffer = b""
+        self._overflow = False
+
+    def feed(self, chunk: bytes) -> None:
+        if self._overflow:
+            return
+        self._buffer += chunk
+        if self.streamed or self._buffer.startswith(b"data:"):
+            self.streamed = True
+            *events, self._buffer = self._buffer.split(b"\n\n")
+            for event in events:
+                self._read_event(event)
+        elif len(self._buffer) > MAX_RESPONSE_BYTES:
+            self._overflow, self._buffer = True, b""
+
+    def close(self) -> None:
+        if self.streamed:
+            self._read_event(self._buffer)
+        elif not self._overflow:
+            try:
+                self._read(json.loads(self._buffer))
+            except (ValueError, UnicodeDecodeError, RecursionError):
+                pass
+        self._buffer = b""
+
+    def _read_event(self, event: bytes) -> None:
+        for line in event.splitlines():
+            data = line.removeprefix(b"data:").strip()
+            if line.startswith(b"data:") and data and data != b"[DONE]":
+                try:
+                    self._read(json.loads(data))
+                except (ValueError, UnicodeDecodeError, RecursionError):
+                    continue
+
+    def _read(self, message: Any) -> None:
+        if not isinstance(message, dict):
+            return
+        if isinstance(message.get("usage"), dict):
+            self.usage = message["usage"]
+        for choice in message.get("choices") or ():
+            if not isinstance(choice, dict):
+                continue
+            part = choice.get("delta") if self.streamed else choice.get("message")
+            text = choice.get("text")
+            if isinstance(part, dict):
+                text = part.get("content")
+            if isinstance(text, str):
+                self.reply_chars += len(text)
+
+
+class Predictions:
+    """The state the middleware keeps: the model, the batcher, conversations, the token ratio."""
+
+    def __init__(self, predict: PredictBatch, describe: str) -> None:
+        self.batcher = PredictionBatcher(predict)
+        self.memory = ConversationMemory()
+        self.chars_per_token = CharsPerToken()
+        self.describe = describe
+        self.made = 0
+        self.failed = 0
+
+    def features(self, body: dict[str, Any], chat: bool, conversation: str | None) -> tuple[Features, int] | None:
+        """The request's features and its context's characters, or None if it has no text to read."""
+        last = self.memory.get(conversation)
+        turn: TurnText | None
+        if chat:
+            turn = chat_turn(body.get("messages"))
+        else:
+            turn = completion_turn(body.get("prompt"), last.context_chars if last else None,
+                                   last.reply_chars if last else None)
+        if turn is None:
+            return None
+        if last is not None and last.reply_tokens is not None:
+            previous = last.reply_tokens
+        else:
+            previous = self.chars_per_token.tokens(turn.previous_reply_chars or 0)
+        return Features(turn.newest, self.chars_per_token.tokens(turn.context_chars), previous), turn.context_chars
+
+    def answered(self, conversation: str | None, context_chars: int, tally: ResponseTally) -> None:
+        usage = tally.usage or {}
+        prompt_tokens, reply_tokens = usage.get("prompt_tokens"), usage.get("completion_tokens")
+        if isinstance(prompt_tokens, int):
+            self.chars_per_token.observe(context_chars, prompt_tokens)
+        if conversation is not None:
+            self.memory.put(conversation, LastTurn(context_chars, tally.reply_chars,
+                                                   reply_tokens if isinstance(reply_tokens, int) else None))
+
+
+def learned_predictions(spec: str) -> Predictions:
+    """The learned model named by `spec` (`learned` or `learned:DIR`), loaded now."""
+    from marsched.predict.learned import head_directory, load_model
+
+    model = load_model(head_directory(spec))
+    model.encoder.load()
+
+    def predict(batch: Sequence[Features]) -> Sequence[int]:
+        return [int(n) for n in model.predict([f.text for f in batch], [f.context_tokens for f in batch],
+                                              [f.previous_tokens for f in batch])]
+
+    return Predictions(predict, f"learned head {model.directory} ({model.encoder.kind} encoder)")
+
+
+class PredictionMiddleware:
+    def __init__(self, app: Any, predictions: Predictions | None = None) -> None:
+        self.app = app
+        spec = os.environ.get(ENV)
+        self.predictions = predictions if predictions is not None else (learned_predictions(spec) if spec else None)
+        if self.predictions is not None:
+            logger.info("marsched: every request's output length is predicted in the API server by the %s, "
+                        "batched up to %d", self.predictions.describe, MAX_BATCH)
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") not in PATHS:
+            await self.app(scope, receive, send)
+            return
+        raw = await read_body(receive)
+        if raw is None:  # the client left before its body arrived
+            return
+        try:
+            body = json.loads(raw)
+        except (ValueError, UnicodeDecodeError, RecursionError):
+            body = None
+        xargs = body.get("vllm_xargs", {}) if isinstance(body, dict) else None
+        own = own_fields(xargs) if isinstance(xargs, dict) else None
+        if own is None:  # not a body we read: vLLM answers it
+            await self.app(scope, replay_body(raw, receive), send)
+            return
+        try:
+            aliases = alias_fields(xargs)
+        except AliasError as error:
+            await _bad_request(send, str(error), error.field)
+            return
+        conversation = own.get("conversation", aliases.get("conversation"))
+        conversation = conversation if isinstance(conversation, str) else None
+        extra: dict[str, Any] = {}
+        context_chars = None
+        if self.predictions is not None and "predicted" not in own and "predicted" not in aliases:
+            made = await self._predict(body, scope["path"].endswith("chat/completions"), conversation)
+            if made is not None:
+                extra["predicted"], context_chars = made
+        if (extra or aliases) and "rid" not in own:  # a name to look the request up by
+            extra["rid"] = f"mars-{uuid.uuid4().hex}"
+        try:
+            new_xargs = merged_xargs(xargs, extra)
+        except AliasError as error:  # pragma: no cover - alias_fields raised it already
+            await _bad_request(send, str(error), error.field)
+            return
+        if new_xargs is not None:
+            body["vllm_xargs"] = new_xargs
+            raw = json.dumps(body).encode()
+            scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
+                         + [(b"content-length", str(len(raw)).encode())])
+        if not extra:
+            await self.app(scope, replay_body(raw, receive), send)
+            return
+        await self._forward(scope, replay_body(raw, receive), send, extra, conversation, context_chars)
+
+    async def _predict(self, body: dict[str, Any], chat: bool, conversation: str | None) -> tuple[int, int] | None:
+        assert self.predictions is not None
+        read = self.predictions.features(body, chat, conversation)
+        if read is None:
+            return None
+        features, context_chars = read
+        try:
+            predicted = await self.predictions.batcher.predict(features)
+        except Exception:  # noqa: BLE001 - the request goes on unpredicted
+            self.predictions.failed += 1
+            logger.exception("marsched: length prediction failed; the request goes on without one")
+            return None
+        self.predictions.made += 1
+        cap = body.get("max_completion_tokens", body.get("max_tokens"))
+        if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
+            predicted = min(predicted, cap)
+        return max(predicted, 1), context_chars
+
+    async def _forward(self, scope: dict[str, Any], receive: Any, send: Any, extra: dict[str, Any],
+                       conversation: str | None, context_chars: int | None) -> None:
+        """Pass the request on, with what was added in the response's headers; a predicted one's
+        response is read for the conversation's memory."""
+        tally = ResponseTally()
+        added = [(b"x-marsched-predicted", str(extra["predicted"]).encode())] if "predicted" in extra else []
+        if "rid" in extra:
+            added.append((b"x-marsched-request-id", extra["rid"].encode()))
+
+        async def tallied(message: dict[str, Any]) -> None:
+            if message["type"] == "http.response.start":
+                message = dict(message, headers=list(message.get("headers", [])) + added)
+            elif message["type"] == "http.response.body" and self.predictions is not None and context_chars is not None:
+                tally.feed(message.get("body", b""))
+                if not message.get("more_body"):
+                    tally.close()
+                    self.predictions.answered(conversation, context_chars, tally)
+            await send(message)
+
+        await self.app(scope, receive, tallied)
+
+
+async def _bad_request(send: Any, message: str, field: str) -> None:
+    body = json.dumps({"error": {"message": message, "type": "BadRequestError", "param": field, "code": 400}}).encode()
+    await send({"type": "http.response.start", "status": 400,
+                "headers": [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode())]})
+    await send({"type": "http.response.body", "body": body})
