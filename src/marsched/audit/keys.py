@@ -14,6 +14,7 @@ from typing import Any
 from marsched.policy.cost_model import CostModel
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Order, Policy
+from marsched.policy.program import ProgramOutlook
 from marsched.policy.progress import RequestProgress
 from marsched.policy.ranking import RankingTerms
 from marsched.policy.registry import make_policy
@@ -40,6 +41,7 @@ def recompute_key(policy: Policy, basis: dict[str, Any]) -> float:
         _PLACEHOLDER, order_s=0.0, context_tokens=basis["context_tokens"], computed_tokens=basis["computed_tokens"],
         generated=basis["generated"], predictions=predictions,
         strategy=Strategy(basis["strategy"]) if basis["strategy"] else None,
+        program=ProgramOutlook(*map(float, basis["program"])) if basis.get("program") else None,
     )
     load = EngineLoad(0.0, basis["running_kv_tokens"], basis["tau_s"], basis["host_free_tokens"])
     return policy.queue_key(progress, load)

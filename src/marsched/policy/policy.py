@@ -7,7 +7,7 @@ never decide on their own. The named policies are built in `registry.py`.
 from __future__ import annotations
 
 import math
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from enum import Enum
 
 from marsched.policy.admission import Admission, KvOutlook, predicted_peak_tokens
@@ -17,6 +17,7 @@ from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.ranking import KeyForm, RankingTerms, SegmentOutlook, remaining_area_form
 from marsched.policy.plas import plas_key
+from marsched.policy.program import rest_area_per_iteration
 from marsched.policy.strategy import Strategy
 from marsched.policy.ttl import FixedTtl, PaperTtl
 from marsched.policy.waste import CallCosts, call_wastes, cheapest
@@ -391,9 +392,14 @@ class Policy:
 
     def memory_time_form(self, progress: RequestProgress, load: EngineLoad) -> KeyForm:
         outlook, running_kv = self._outlook(progress, load)
-        return remaining_area_form(outlook, self.cost, self.terms,
+        form = remaining_area_form(outlook, self.cost, self.terms,
                                    follows_running_kv=self._later_strategies_follow_load(progress),
                                    running_kv=running_kv, recompute_time=self.recompute_time)
+        if progress.program is None:
+            return form
+        # A conversation turn over HTTP: its program's turns to come (`program.py`).
+        rest = rest_area_per_iteration(progress.program, progress.context_tokens)
+        return replace(form, per_iteration_s=form.per_iteration_s + rest)
 
     def _later_strategies_follow_load(self, progress: RequestProgress) -> bool:
         """Whether `outlook` picks a later call's strategy by waste (which weighs the running KV)."""

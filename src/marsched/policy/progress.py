@@ -6,6 +6,7 @@ import math
 from dataclasses import dataclass, field
 
 from marsched.policy.load import EngineLoad
+from marsched.policy.program import ProgramOutlook
 from marsched.policy.strategy import Strategy
 from marsched.predict.segment import SegmentPrediction
 from marsched.workload.model import Request, Segment
@@ -62,6 +63,7 @@ class RequestProgress:
     key_basis: KeyBasis | None = None  # what its current queue key was computed from
     attained_iterations: int = 0  # iterations it was scheduled in (Autellix's attained service)
     attained_before_segment: int = 0  # the same, when its current segment began
+    program: ProgramOutlook | None = None  # a conversation turn's predicted rest of its program (`program.py`)
 
     def __post_init__(self) -> None:
         if not self.context_tokens:

@@ -55,4 +55,7 @@ def key_basis(progress: RequestProgress) -> dict[str, Any] | None:
         "predictions": [[p.output_tokens, p.api_duration_s, p.api_return_tokens, p.has_call]
                         + ([] if p.kept_tokens is None else [p.kept_tokens])
                         for p in progress.predictions[basis.segment_index:]],
+        # A conversation turn's rest of its program: [turns left, reply tokens, growth tokens].
+        **({} if progress.program is None else {"program": [progress.program.turns_left, progress.program.output_tokens,
+                                                            progress.program.growth_tokens]}),
     }
