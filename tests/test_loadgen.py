@@ -68,6 +68,66 @@ def test_agent_text_sorts_by_timestamp_and_measures_replies_and_gaps():
     assert len(by_key["set:s2"].turns) == 1
 
 
+def _bounded_rows() -> list[dict]:
+    """A session whose inputs grow like an agent's: each extends the previous input and reply, except
+    the third, which extends only the input (the reply is fed back reworded, another agent's way)."""
+    first = "SYSTEM " * 10
+    replies = ["reply one " * 5, "reply two " * 5, "reply three " * 5, ""]
+    inputs = [first, first + replies[0] + "tool says " * 6, None, None]
+    inputs[2] = inputs[1] + replies[1] + "result two"
+    inputs[3] = inputs[2] + "\n\nassistant: " + replies[2][:7] + " tool three " * 4
+    return [{"timestamp": i, "input": text, "output": reply, "session_id": "s"}
+            for i, (text, reply) in enumerate(zip(inputs, replies))]
+
+
+def _parse(rows: list[dict], turn_chars: int) -> Session:
+    return parse_agent_text("\n".join(json.dumps(r) for r in rows) + "\n", "set", "f.jsonl", turn_chars)[0]
+
+
+def test_turn_chars_cuts_every_piece_and_rebuilds_the_prompts_from_the_cut_pieces():
+    rows = _bounded_rows()
+    session = _parse(rows, 12)
+    prompts = [t.prompt.text for t in session.turns]
+    cut_replies = [r["output"][:12] for r in rows]
+    assert prompts[0] == rows[0]["input"][:12]
+    assert prompts[1] == prompts[0] + cut_replies[0] + "tool says to"  # the new text: after input + reply
+    assert prompts[2] == prompts[1] + cut_replies[1] + "result two"  # shorter than the cut: whole
+    # input 4 extends input 3 only: its new text starts where it leaves input 3 + reply 3
+    assert prompts[3] == prompts[2] + cut_replies[2] + "\n\nassistant:"
+    assert [t.reply_tokens for t in session.turns] == [max(count_tokens(r), 1) for r in cut_replies]
+    assert [t.gap_s for t in session.turns] == [1e-6, 1e-6, 1e-6, 0.0]
+
+
+@pytest.mark.parametrize("turn_chars", [1, 12, 40, 10_000])
+def test_bounded_prompts_extend_the_previous_prompt_and_reply_like_the_conversation(turn_chars):
+    rows = _bounded_rows()
+    rows.append({"timestamp": 9, "input": "another agent starts afresh", "output": "ok", "session_id": "s"})
+    session = _parse(rows, turn_chars)
+    for turn, after, row in zip(session.turns, session.turns[1:], rows):
+        assert after.prompt.text.startswith(turn.prompt.text + row["output"][:turn_chars])
+    # an input that does not extend the previous one still yields a prompt that extends it, cut
+    assert session.turns[-1].prompt.text.endswith("another agent starts afresh"[:turn_chars])
+
+
+def test_turn_chars_zero_leaves_the_turns_as_the_trace_has_them():
+    rows = _bounded_rows()
+    session = _parse(rows, 0)
+    assert session == parse_agent_text("\n".join(json.dumps(r) for r in rows), "set", "f.jsonl")[0]
+    assert [t.prompt.text for t in session.turns] == [r["input"] for r in rows]
+    assert [t.reply_tokens for t in session.turns] == [max(count_tokens(r["output"]), 1) for r in rows]
+    with pytest.raises(ValueError, match="--turn-chars -1"):
+        _parse(rows, -1)
+
+
+def test_bundled_agent_text_bounded_keeps_the_prefix_property_and_fits_a_small_model():
+    sessions = load_agent_text(("miniswe",), turn_chars=200)
+    assert len(sessions) == 20 and sum(len(s.turns) for s in sessions) == 402
+    for session in sessions:
+        for turn, after in zip(session.turns, session.turns[1:]):
+            assert after.prompt.text.startswith(turn.prompt.text) and len(after.prompt.text) - len(turn.prompt.text) <= 400
+        assert len(session.turns[0].prompt.text) <= 200
+
+
 @pytest.mark.parametrize("line, message", [
     ("{not json", "line 2: not JSON"),
     ('{"timestamp": 1, "input": "a", "output": "b"}', "line 2: session_id: missing"),
@@ -494,6 +554,8 @@ def test_a_url_that_does_not_answer(tmp_path):
     (("--duration", "nan"), "--duration nan"),
     (("--workload", "nope"), "--workload 'nope': give one of agent-text"),
     (("--token-scale", "0.5"), "--token-scale 0.5: only for --workload claude-code"),
+    (("--turn-chars", "-1"), "--turn-chars -1: give 0"),
+    (("--workload", "claude-code", "--turn-chars", "100"), "--turn-chars 100: only for --workload agent-text"),
     (("--seed", "-1"), "--seed -1"),
     (("--max-turns", "-2"), "--max-turns -2"),
     (("--max-tokens", "0"), "--max-tokens 0"),
@@ -569,6 +631,9 @@ def test_no_scheduler_input_carries_the_reply_length():
     steps = object.__new__(CallSteps)
     steps.mars_policy, steps._keeper, steps._gaps, steps.lifecycle = (mock.MagicMock() for _ in range(4))
     steps._keeper.claim.return_value = None
+    from marsched.vllm.programs import ProgramLedger
+
+    steps._programs = ProgramLedger()
     steps.mars_config = SimpleNamespace(front_end=False, allow_request_strategy=True)
     steps._tracked, steps._sync, steps._start_segment = {}, mock.MagicMock(), mock.MagicMock()
     steps._on_arrival(request)

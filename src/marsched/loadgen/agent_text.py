@@ -17,6 +17,16 @@ as text), ``output`` (the reply as text), ``session_id``. How a session becomes 
   call, so the gap holds the tool's (or the other agents') time together with the original
   model's time to answer: it is an upper bound of the tool time. ``--gap-scale`` and
   ``--max-gap-s`` shape it.
+- **Bounded turns** (``--turn-chars N``, `bounded_texts`; 0, the default, is off). The whole
+  conversations are too long for a small test model and KV cache, so each piece of text is cut
+  to its first N characters: the first prompt, every reply, and every turn's new text (what its
+  input adds over the previous turn's input and reply: the part after their longest common
+  prefix). Turn k's prompt is then the cut pieces in order (first prompt, reply 1, new text 2,
+  reply 2, ..., new text k), so turn k+1's prompt starts with turn k's prompt and reply, as in
+  a conversation whose replies are fed back: a prefix cache or a kept KV finds the whole
+  previous turn. The reply length is the cut reply's. Where the trace's next input does not
+  extend the previous one (another agent of the session), the new text is nearly its whole
+  input, cut like the rest, and the rebuilt prompt still extends the previous one.
 
 Session keys are ``<set>:<session_id>`` (``miniswe:0639...``). A file's problems raise
 `AgentTextError` naming the file, the line and the field.
@@ -44,19 +54,24 @@ def bundled_file(name: str) -> str:
     return f"agent_text_{name}.jsonl.gz"
 
 
-def load_agent_text(sets: Sequence[str] = SETS) -> list[Session]:
-    """The bundled sessions of `sets` (names from SETS), in file order."""
+def load_agent_text(sets: Sequence[str] = SETS, turn_chars: int = 0) -> list[Session]:
+    """The bundled sessions of `sets` (names from SETS), in file order; `turn_chars` > 0 bounds
+    their turns (`bounded_texts`)."""
     sessions: list[Session] = []
     for name in sets:
         if name not in SETS:
             raise ValueError(f"unknown agent-text set {name!r}: {', '.join(SETS)}")
         resource = files("marsched.loadgen") / "data" / bundled_file(name)
-        sessions += parse_agent_text(gzip.decompress(resource.read_bytes()).decode("utf-8"), name, str(resource))
+        sessions += parse_agent_text(gzip.decompress(resource.read_bytes()).decode("utf-8"), name, str(resource),
+                                     turn_chars)
     return sessions
 
 
-def parse_agent_text(text: str, set_name: str, source: str) -> list[Session]:
-    """Sessions from the lines of one file (`set_name` prefixes their keys; `source` names it in errors)."""
+def parse_agent_text(text: str, set_name: str, source: str, turn_chars: int = 0) -> list[Session]:
+    """Sessions from the lines of one file (`set_name` prefixes their keys; `source` names it in errors;
+    `turn_chars` > 0 bounds the turns, `bounded_texts`)."""
+    if turn_chars < 0:
+        raise ValueError(f"--turn-chars {turn_chars}: give 0 (whole turns) or a number of characters >= 1")
     calls: dict[str, list[tuple[int, int, dict]]] = {}  # session id -> (timestamp, line, record)
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -66,15 +81,50 @@ def parse_agent_text(text: str, set_name: str, source: str) -> list[Session]:
     if not calls:
         raise AgentTextError(f"{source}: no records")
     ordered = {sid: [record for _, _, record in sorted(rows, key=lambda row: row[:2])] for sid, rows in calls.items()}
-    lengths = iter(count_tokens_batch([r["output"] for rows in ordered.values() for r in rows]))
+    texts = {sid: bounded_texts([(r["input"], r["output"]) for r in rows], turn_chars)
+             for sid, rows in ordered.items()}
+    lengths = iter(count_tokens_batch([reply for pairs in texts.values() for _, reply in pairs]))
     sessions = []
     for sid, rows in ordered.items():
         turns = []
-        for index, record in enumerate(rows):
+        for index, (record, (prompt, _)) in enumerate(zip(rows, texts[sid])):
             after = rows[index + 1]["timestamp"] if index + 1 < len(rows) else record["timestamp"]
-            turns.append(Turn(TextPrompt(record["input"]), max(next(lengths), 1), (after - record["timestamp"]) / 1e6))
+            turns.append(Turn(TextPrompt(prompt), max(next(lengths), 1), (after - record["timestamp"]) / 1e6))
         sessions.append(Session(f"{set_name}:{sid}", tuple(turns)))
     return sessions
+
+
+def bounded_texts(calls: Sequence[tuple[str, str]], turn_chars: int) -> list[tuple[str, str]]:
+    """A session's (prompt, reply) texts, its calls' (input, output) in order, with every piece cut to
+    `turn_chars` characters and each prompt rebuilt from the cut pieces before it (the module's
+    "Bounded turns"); `turn_chars` 0 returns the calls as they are."""
+    if turn_chars <= 0:
+        return list(calls)
+    bounded: list[tuple[str, str]] = []
+    prompt = ""
+    for index, (given, reply) in enumerate(calls):
+        if index == 0:
+            new = given
+        else:
+            previous_input, previous_reply = calls[index - 1]
+            new = given[_common_prefix_length(given, previous_input + previous_reply):]
+            prompt += bounded[-1][1]
+        prompt += new[:turn_chars]
+        bounded.append((prompt, reply[:turn_chars]))
+    return bounded
+
+
+def _common_prefix_length(a: str, b: str) -> int:
+    """Length of the longest common prefix, by bisection on slice equality (C-speed compares: the
+    prompts run to hundreds of thousands of characters)."""
+    low, high = 0, min(len(a), len(b))  # a[:low] == b[:low] holds; a[:high+1] != b[:high+1] past it
+    while low < high:
+        middle = (low + high + 1) // 2
+        if a[:middle] == b[:middle]:
+            low = middle
+        else:
+            high = middle - 1
+    return low
 
 
 def _record(line: str, number: int, source: str) -> dict:

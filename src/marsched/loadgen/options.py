@@ -31,6 +31,7 @@ class LoadgenOptions:
     max_tokens: int = 4096  # every turn's max_tokens: a fixed cap, never the reply's length
     conversation_keys: bool = True
     request_timeout_s: float = 600.0
+    turn_chars: int = 0  # agent-text only: cut every turn's new text and reply to this many characters; 0: off
 
     def check(self) -> str:
         """The server's root URL; ValueError naming the flag of the first bad value."""
@@ -47,6 +48,11 @@ class LoadgenOptions:
         if self.token_scale != 1 and self.workload != CLAUDE_CODE:
             raise ValueError(f"--token-scale {self.token_scale:g}: only for --workload {CLAUDE_CODE} "
                              "(agent-text sends its text as it is)")
+        if self.turn_chars < 0:
+            raise ValueError(f"--turn-chars {self.turn_chars}: give 0 (whole turns) or a number of characters >= 1")
+        if self.turn_chars and self.workload == CLAUDE_CODE:
+            raise ValueError(f"--turn-chars {self.turn_chars}: only for --workload {AGENT_TEXT} "
+                             "(claude-code has token counts: use --token-scale)")
         if self.max_turns < 0:
             raise ValueError(f"--max-turns {self.max_turns}: give 0 (every turn) or a number >= 1")
         if self.max_tokens < 1:
@@ -74,5 +80,5 @@ def load_sessions(options: LoadgenOptions) -> list[Session]:
         sessions = load_claude_code(options.token_scale)
     else:
         _, _, name = options.workload.partition(":")
-        sessions = load_agent_text((name,) if name else SETS)
+        sessions = load_agent_text((name,) if name else SETS, options.turn_chars)
     return [session.first_turns(options.max_turns) for session in sessions]

@@ -90,12 +90,15 @@ def _router_fields(value: Any) -> dict[str, Any]:
     length = value.get("expected_output_length")
     if length is not None:
         if isinstance(length, bool) or not isinstance(length, int) or not 1 <= length <= MAX_TOKENS:
-            raise AliasError(f"{field}.expected_output_length", f"must be an integer from 1 to {MAX_TOKENS}, got {length!r}")
+            raise AliasError(f"{field}.expected_output_length",
+                             f"must be an integer from 1 to {MAX_TOKENS}, got {length!r}")
         fields["predicted"] = length
     ttl = value.get("kv_retention_ttl_seconds")
     if ttl is not None:
-        if isinstance(ttl, bool) or not isinstance(ttl, (int, float)) or not (math.isfinite(ttl) and 0 <= ttl <= MAX_API_S):
-            raise AliasError(f"{field}.kv_retention_ttl_seconds", f"must be seconds from 0 to {MAX_API_S:g}, got {ttl!r}")
+        number = isinstance(ttl, (int, float)) and not isinstance(ttl, bool)
+        if not (number and math.isfinite(ttl) and 0 <= ttl <= MAX_API_S):
+            raise AliasError(f"{field}.kv_retention_ttl_seconds",
+                             f"must be seconds from 0 to {MAX_API_S:g}, got {ttl!r}")
         fields["tool_s"] = float(ttl)
     resume = value.get("expected_resume")
     if resume is not None:

@@ -38,7 +38,8 @@ def chat_turn(messages: Any) -> TurnText | None:
     return TurnText(newest, sum(len(t) for t in texts), previous)
 
 
-def completion_turn(prompt: Any, previous_context_chars: int | None, previous_reply_chars: int | None) -> TurnText | None:
+def completion_turn(prompt: Any, previous_context_chars: int | None,
+                    previous_reply_chars: int | None) -> TurnText | None:
     """A completions request: the prompt is the whole conversation so far. With the conversation's
     previous prompt and reply known, the newest turn is what comes after them; without, the
     prompt's tail."""

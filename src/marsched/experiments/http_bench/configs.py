@@ -1,0 +1,99 @@
+"""The configurations compared and the command that starts each one's server.
+
+Every server gets the same model, KV cache (`--num-gpu-blocks-override`), context length,
+engine options and seed; only the scheduler differs:
+
+- `vllm-stock`: stock vLLM's OpenAI server (the module `python -m vllm.entrypoints.openai.api_server`
+  runs, and `marsched serve` too), prefix caching on, with the bench's reply-length processor;
+- `vllm`: `marsched serve --policy vllm` (stock vLLM's rule inside marsched's scheduler plugin);
+- `infercept`: `marsched serve --policy infercept`;
+- `continuum`: `marsched serve --policy mars --retention fixed:T`: every conversation's KV is
+  pinned on the device for T seconds after each turn, Continuum's time-to-live idea on MARS's
+  server (MARS's ranking), not Continuum's own scheduler;
+- `mars`: `marsched serve` with its defaults (policy mars, retention policy, predictor auto:
+  the learned one where the predict extra is installed).
+
+Every marsched server gets `--bench-reply-lengths`. The old conversation benchmark's
+`Server` (process group, health, stop) and vLLM entry point are reused, not copied.
+"""
+
+from __future__ import annotations
+
+import statistics
+import sys
+from collections.abc import Sequence
+from dataclasses import dataclass
+
+from marsched.experiments.conversations.servers import ENTRY
+from marsched.loadgen.reply_length import PROCESSOR
+from marsched.loadgen.session import Session, shape_gap
+
+CONFIGS = ("vllm-stock", "vllm", "infercept", "continuum", "mars")
+BASELINE = "vllm-stock"
+FOCUS = "mars"  # the configuration the summary compares with the best of the others
+
+DESCRIPTIONS = {
+    "vllm-stock": "stock vLLM OpenAI server, prefix caching on",
+    "vllm": "marsched serve --policy vllm",
+    "infercept": "marsched serve --policy infercept",
+    "continuum": ("marsched serve --policy mars --retention fixed:T "
+                  "(Continuum-style TTL pin, not Continuum's scheduler)"),
+    "mars": "marsched serve (defaults: policy mars, retention policy, predictor auto)",
+}
+
+
+@dataclass(frozen=True, slots=True)
+class Engine:
+    """What every server gets alike."""
+
+    model: str
+    kv_blocks: int = 40  # --num-gpu-blocks-override (128-token blocks on the CPU): the old bench's size
+    max_model_len: int = 4096  # the tiny model's longest context (`marsched model`)
+    seed: int = 0
+    extra: tuple[str, ...] = ()  # more vLLM options, for every configuration
+    marsched_extra: tuple[str, ...] = ()  # more `marsched serve` options, for the marsched configurations
+
+
+DEFAULT_ENGINE = Engine(model="")
+
+
+def check_configs(names: Sequence[str]) -> list[str]:
+    """The names, checked: known, none twice, at least one; ValueError naming the bad one."""
+    if not names:
+        raise ValueError(f"--configs: give some of {', '.join(CONFIGS)}")
+    for name in names:
+        if name not in CONFIGS:
+            raise ValueError(f"--configs: unknown {name!r}; give some of {', '.join(CONFIGS)}")
+    if len(set(names)) != len(names):
+        raise ValueError(f"--configs {','.join(names)}: a configuration is named twice")
+    return list(names)
+
+
+def vllm_options(engine: Engine) -> list[str]:
+    return ["--max-model-len", str(engine.max_model_len), "--num-gpu-blocks-override", str(engine.kv_blocks),
+            "--seed", str(engine.seed), "--enforce-eager", "--enable-prefix-caching",
+            "--disable-uvicorn-access-log", *engine.extra]
+
+
+def server_command(config: str, engine: Engine, port: int, fixed_s: float) -> list[str]:
+    """The argv that starts `config`'s server on `port`; `fixed_s` is continuum's T."""
+    if config == BASELINE:
+        return [sys.executable, "-m", ENTRY, "--model", engine.model, "--host", "127.0.0.1", "--port", str(port),
+                "--logits-processors", PROCESSOR, *vllm_options(engine)]
+    marsched = [sys.executable, "-m", "marsched.cli", "serve", engine.model, "--port", str(port),
+                "--seed", str(engine.seed), "--bench-reply-lengths"]
+    if config in ("vllm", "infercept"):
+        marsched += ["--policy", config]
+    elif config == "continuum":
+        marsched += ["--policy", "mars", "--retention", f"fixed:{fixed_s:g}"]
+    elif config != FOCUS:
+        raise ValueError(f"unknown configuration {config!r}; give {', '.join(CONFIGS)}")
+    return [*marsched, *engine.marsched_extra, "--", *vllm_options(engine)]
+
+
+def pin_seconds(sessions: Sequence[Session], gap_scale: float, max_gap_s: float | None) -> float:
+    """Continuum's T by the old benchmark's rule (2 x the median tool time), from the workload's gaps
+    as replayed (after --gap-scale and --max-gap-s); 1 s where no turn has a next one."""
+    gaps = [shape_gap(turn.gap_s, gap_scale, max_gap_s) for s in sessions for turn in s.turns[:-1]]
+    median = statistics.median(gaps) if gaps else 0.0
+    return round(2 * median, 1) if median > 0 else 1.0

@@ -1,0 +1,80 @@
+"""A conversation's turns as one program to the scheduler: one starvation clock, one attained
+service, and the predicted rest of the program in each turn's ranking key.
+
+Over HTTP each turn is a request of its own. Without this, a long agent program starts every turn
+with a fresh starvation counter, so it can wait up to the threshold at every turn, and the key
+ranks a turn alone. Here a follow-up turn starts with what its program has waited and been
+served so far (`RequestProgress.waited_iterations`, `waited_s`, `attained_iterations`), and
+carries a `ProgramOutlook`: the turns its program is expected to have left (from the programs
+that ended: a turn with `retain: false`, or a release), its reply length (the predicted one,
+or the program's mean so far) and its context growth per turn (the program's mean).
+"""
+
+from __future__ import annotations
+
+from collections import OrderedDict
+from dataclasses import dataclass
+
+from marsched.policy.program import ProgramLengths, ProgramOutlook
+from marsched.policy.progress import RequestProgress
+
+REMEMBERED = 100_000  # programs followed; the least recently seen is forgotten first
+
+
+@dataclass(slots=True)
+class ProgramRecord:
+    turns: int = 0  # turns that arrived
+    waited_iterations: int = 0
+    waited_s: float = 0.0
+    attained_iterations: int = 0
+    output_tokens: int = 0  # generated over its ended turns
+    ended_turns: int = 0
+    first_context: int = 0  # the first turn's prompt
+    last_context: int = 0  # the latest turn's prompt
+
+
+class ProgramLedger:
+    def __init__(self, limit: int = REMEMBERED) -> None:
+        self._programs: OrderedDict[str, ProgramRecord] = OrderedDict()
+        self._limit = limit
+        self.lengths = ProgramLengths()
+
+    def turn_arrives(self, conversation: str, progress: RequestProgress, predicted_tokens: int) -> None:
+        """A turn of `conversation` arrives (its reply predicted at `predicted_tokens`): it takes
+        over its program's clocks and gets its outlook."""
+        record = self._programs.pop(conversation, None) or ProgramRecord(first_context=progress.context_tokens)
+        self._programs[conversation] = record
+        while len(self._programs) > self._limit:
+            self._programs.popitem(last=False)
+        record.turns += 1
+        record.last_context = progress.context_tokens
+        progress.waited_iterations += record.waited_iterations
+        progress.waited_s += record.waited_s
+        progress.attained_iterations += record.attained_iterations
+        progress.attained_before_segment = progress.attained_iterations
+        output = record.output_tokens / record.ended_turns if record.ended_turns else predicted_tokens
+        growth = (record.last_context - record.first_context) / (record.turns - 1) if record.turns > 1 else output
+        progress.program = ProgramOutlook(self.lengths.turns_left(record.turns), float(output), float(growth))
+
+    def turn_ends(self, conversation: str, progress: RequestProgress, last: bool) -> None:
+        """A turn ends: its program keeps what it waited and was served; a last turn ends the program."""
+        record = self._programs.get(conversation)
+        if record is None:
+            return
+        # A promoted turn was served as starving: its program's clock starts again.
+        record.waited_iterations = 0 if progress.promoted else progress.waited_iterations
+        record.waited_s = 0.0 if progress.promoted else progress.waited_s
+        record.attained_iterations = progress.attained_iterations
+        record.output_tokens += progress.generated
+        record.ended_turns += 1
+        if last:
+            self.ended(conversation)
+
+    def ended(self, conversation: str) -> None:
+        """The program will send no more turns (its last turn, or a release)."""
+        record = self._programs.pop(conversation, None)
+        if record is not None:
+            self.lengths.ended(record.turns)
+
+    def snapshot(self) -> dict[str, float]:
+        return {"programs_followed": len(self._programs), "programs_ended": len(self.lengths)}

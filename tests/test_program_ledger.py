@@ -1,0 +1,67 @@
+"""A conversation's turns as one program to the vLLM scheduler (`marsched.vllm.programs`)."""
+
+from __future__ import annotations
+
+import pytest
+
+from marsched.policy.progress import RequestProgress
+from marsched.vllm.programs import ProgramLedger
+from marsched.workload.model import build_request
+
+
+def turn(prompt_tokens: int) -> RequestProgress:
+    return RequestProgress(build_request("r", prompt_tokens, [(10, None)]), order_s=0.0)
+
+
+def test_a_follow_up_takes_over_its_programs_wait_and_service_and_a_promoted_turn_resets_the_wait():
+    ledger = ProgramLedger()
+    first = turn(100)
+    ledger.turn_arrives("c", first, predicted_tokens=10)
+    first.waited_iterations, first.waited_s, first.attained_iterations, first.generated = 30, 1.5, 12, 8
+    ledger.turn_ends("c", first, last=False)
+    second = turn(150)
+    ledger.turn_arrives("c", second, predicted_tokens=10)
+    assert (second.waited_iterations, second.waited_s, second.attained_iterations) == (30, 1.5, 12)
+    assert second.attained_before_segment == 12
+    second.waited_iterations, second.promoted = 90, True
+    ledger.turn_ends("c", second, last=False)
+    third = turn(200)
+    ledger.turn_arrives("c", third, predicted_tokens=10)
+    assert third.waited_iterations == 0  # its program was served as starving
+    other = turn(100)
+    ledger.turn_arrives("d", other, predicted_tokens=10)
+    assert other.waited_iterations == 0 and other.attained_iterations == 0
+
+
+def test_the_outlook_reads_the_programs_replies_growth_and_the_ended_programs_lengths():
+    ledger = ProgramLedger()
+    for conversation, turns in (("a", 2), ("b", 4)):  # two programs end, after 2 and 4 turns
+        for _ in range(turns):
+            progress = turn(100)
+            ledger.turn_arrives(conversation, progress, predicted_tokens=5)
+            ledger.turn_ends(conversation, progress, last=False)
+        ledger.ended(conversation)
+    assert ledger.snapshot() == {"programs_followed": 0, "programs_ended": 2}
+    first = turn(1000)
+    ledger.turn_arrives("c", first, predicted_tokens=40)
+    assert first.program.output_tokens == 40 and first.program.growth_tokens == 40  # nothing seen yet
+    assert first.program.turns_left == pytest.approx(((2 - 1) + (4 - 1) + 1.0 * 4) / (2 + 4))
+    first.generated = 20
+    ledger.turn_ends("c", first, last=False)
+    second = turn(1300)
+    ledger.turn_arrives("c", second, predicted_tokens=40)
+    assert (second.program.output_tokens, second.program.growth_tokens) == (20, 300)
+    ledger.turn_ends("c", second, last=True)  # a last turn ends the program
+    assert ledger.snapshot() == {"programs_followed": 0, "programs_ended": 3}
+    ledger.turn_ends("unknown", turn(10), last=True)  # a program it does not follow: nothing happens
+    assert ledger.snapshot()["programs_ended"] == 3
+
+
+def test_the_ledger_forgets_the_least_recently_seen_program_past_its_limit():
+    ledger = ProgramLedger(limit=2)
+    for conversation in ("a", "b", "a", "c"):
+        ledger.turn_arrives(conversation, turn(10), predicted_tokens=1)
+    assert ledger.snapshot()["programs_followed"] == 2
+    again = turn(10)
+    ledger.turn_arrives("b", again, predicted_tokens=1)  # "b" was forgotten: a new program
+    assert ledger.snapshot()["programs_followed"] == 2
