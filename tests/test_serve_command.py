@@ -8,7 +8,7 @@ import pytest
 
 from marsched.serve.launch import (
     AFFINITY_MIDDLEWARE, ENTRY, METRICS_MIDDLEWARE, PREDICTION_MIDDLEWARE, SCHEDULER_CLS, STATE_MIDDLEWARE,
-    STOP_MARKS_MIDDLEWARE, VALIDATOR,
+    STOP_MARKS_MIDDLEWARE, TOOL_GAPS_MIDDLEWARE, VALIDATOR,
     ServeOptions,
     vllm_command, vllm_environment,
 )
@@ -29,8 +29,8 @@ def test_the_command_configures_mars_and_passes_the_rest_to_vllm():
     assert command[processors + 1:processors + 4] == [VALIDATOR, "a:B", "c:D"]  # the user's are added to ours
     assert command.count("--logits-processors") == 1
     middlewares = [command[i + 1] for i, arg in enumerate(command) if arg == "--middleware"]
-    assert middlewares == [STOP_MARKS_MIDDLEWARE, AFFINITY_MIDDLEWARE, PREDICTION_MIDDLEWARE, STATE_MIDDLEWARE,
-                           METRICS_MIDDLEWARE]
+    assert middlewares == [STOP_MARKS_MIDDLEWARE, TOOL_GAPS_MIDDLEWARE, AFFINITY_MIDDLEWARE, PREDICTION_MIDDLEWARE,
+                           STATE_MIDDLEWARE, METRICS_MIDDLEWARE]
     assert command[-3:] == ["--max-model-len", "512", "--enforce-eager"]  # after ours: they may override
 
 
@@ -38,7 +38,7 @@ def test_switches_leave_parts_out():
     command = vllm_command(ServeOptions("m", swap=False, validate=False, state_endpoint=False))
     assert "--kv-transfer-config" not in command and "--logits-processors" not in command
     assert [command[i + 1] for i, arg in enumerate(command) if arg == "--middleware"] == [
-        STOP_MARKS_MIDDLEWARE, AFFINITY_MIDDLEWARE, PREDICTION_MIDDLEWARE]
+        STOP_MARKS_MIDDLEWARE, TOOL_GAPS_MIDDLEWARE, AFFINITY_MIDDLEWARE, PREDICTION_MIDDLEWARE]
 
 
 def test_data_parallel_gets_one_api_server_and_the_placement_unless_given():

@@ -178,12 +178,13 @@ def test_a_stated_prediction_wins_and_the_model_is_not_asked():
 def test_bodies_it_does_not_read_pass_unchanged_and_a_bad_alias_is_a_400_naming_it():
     app = RecordingApp()
     middleware = PredictionMiddleware(app, predictions())
-    for raw in (b"not json", json.dumps({**chat("x"), "vllm_xargs": {"marsched": "{bad"}}).encode()):
+    for raw in (b"not json", json.dumps({**chat("x"), "vllm_xargs": {"marsched": "{bad"}}).encode(),
+                json.dumps({**chat("x"), "vllm_xargs": {"marsched": {}}}).encode()):  # an object: not over HTTP
         call(middleware, raw)
         assert app.bodies[-1] == raw
     sent = call(middleware, {**chat("x"), "vllm_xargs": {"is_last_step": 5}})
     assert sent[0]["status"] == 400 and json.loads(sent[1]["body"])["error"]["param"] == "vllm_xargs.is_last_step"
-    assert len(app.bodies) == 2  # the bad request never reached vLLM
+    assert len(app.bodies) == 3  # the bad alias never reached vLLM
 
 
 def test_without_a_model_the_aliases_are_still_read():

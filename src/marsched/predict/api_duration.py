@@ -54,7 +54,7 @@ class _RunningMean:
         return self.total / self.weight
 
 
-_SHORTEST_S = 1e-6  # durations are averaged in log space; a call of 0 s counts as this
+SHORTEST_S = 1e-6  # durations are averaged in log space; a call of 0 s counts as this
 
 
 @dataclass(slots=True)
@@ -93,7 +93,7 @@ class TypeMeanApi:
     def declare(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None:
         """A tool's stated expectation: the prior for its type, until calls of that type are observed."""
         if api_type not in self._durations:
-            self._durations[api_type] = _RunningMean(math.log(max(duration_s, _SHORTEST_S)) * self.prior_weight,
+            self._durations[api_type] = _RunningMean(math.log(max(duration_s, SHORTEST_S)) * self.prior_weight,
                                                      self.prior_weight)
             self._returns[api_type] = _RunningMean(return_tokens * self.prior_weight, self.prior_weight)
 
@@ -101,7 +101,7 @@ class TypeMeanApi:
         duration = self._durations.setdefault(
             api_type, _RunningMean(math.log(self.prior_duration_s) * self.prior_weight, self.prior_weight)
         )
-        duration.total += math.log(max(duration_s, _SHORTEST_S))
+        duration.total += math.log(max(duration_s, SHORTEST_S))
         duration.weight += 1
         returns = self._returns.setdefault(
             api_type, _RunningMean(self.prior_return_tokens * self.prior_weight, self.prior_weight)

@@ -76,6 +76,7 @@ TOOLS_MIDDLEWARE = "marsched.serve.server_tools.ServerToolsMiddleware"
 METRICS_MIDDLEWARE = "marsched.serve.metrics.MarsMetricsMiddleware"
 STOP_MARKS_MIDDLEWARE = "marsched.serve.stop_marks.StopStringMarksMiddleware"
 AFFINITY_MIDDLEWARE = "marsched.serve.affinity.DataParallelAffinityMiddleware"
+TOOL_GAPS_MIDDLEWARE = "marsched.serve.tool_gaps.ToolGapsMiddleware"  # the tools a chat turn called, to the scheduler
 SWAP_CONNECTOR = {"kv_connector": "HostSwapConnector", "kv_role": "kv_both",
                   "kv_connector_module_path": "marsched.vllm.kv_swap"}
 
@@ -225,8 +226,8 @@ def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[st
     # vLLM adds middlewares in this order, each around the ones before: the prediction middleware
     # reads other clients' program fields before affinity reads the conversation, and each round
     # of a server-side tool loop (outermost) is predicted.
-    command += ["--middleware", STOP_MARKS_MIDDLEWARE, "--middleware", AFFINITY_MIDDLEWARE,
-                "--middleware", PREDICTION_MIDDLEWARE]
+    command += ["--middleware", STOP_MARKS_MIDDLEWARE, "--middleware", TOOL_GAPS_MIDDLEWARE,
+                "--middleware", AFFINITY_MIDDLEWARE, "--middleware", PREDICTION_MIDDLEWARE]
     if options.state_endpoint:
         command += ["--middleware", STATE_MIDDLEWARE, "--middleware", METRICS_MIDDLEWARE]
     if options.tools is not None:
@@ -349,8 +350,10 @@ def describe(options: ServeOptions, env: dict[str, str]) -> str:
         if getattr(m, key) != "default":
             parts.append(f"{key.replace('_', ' ')} {getattr(m, key)}")
     parts.append(f"retention {m.retention} (limit {m.retention_limit_s:g} s)")
-    parts.append(f"predictor {m.predictor}" + (" (every request, in the API server)" if m.learned
-                                                else " (each request's plan or max_tokens)" if m.predictor == "oracle" else ""))
+    where = {True: " (every request, in the API server)", False: ""}[m.learned]
+    if m.predictor == "oracle":
+        where = " (each request's plan or max_tokens)"
+    parts.append(f"predictor {m.predictor}{where}")
     parts.append("swap connector" if options.swap else "no swap connector")
     reserved = env.get("VLLM_CPU_NUM_OF_RESERVED_CPU")
     parts.append(f"CPU KV cache {env.get('VLLM_CPU_KVCACHE_SPACE')} GiB"

@@ -33,16 +33,17 @@ class AliasError(ValueError):
 
 def own_fields(xargs: dict[str, Any]) -> dict[str, Any] | None:
     """The marsched object of `vllm_xargs` as a dict ({} when absent), or None when it is not a
-    JSON object (the validator answers that request)."""
+    JSON string of an object, the only form vLLM's HTTP server takes (vLLM answers that request)."""
     raw = xargs.get(KEY)
     if raw is None:
         return {}
-    if isinstance(raw, str):
-        try:
-            raw = json.loads(raw)
-        except (ValueError, RecursionError):
-            return None
-    return raw if isinstance(raw, dict) else None
+    if not isinstance(raw, str):
+        return None
+    try:
+        fields = json.loads(raw)
+    except (ValueError, RecursionError):
+        return None
+    return fields if isinstance(fields, dict) else None
 
 
 def alias_fields(xargs: dict[str, Any]) -> dict[str, Any]:

@@ -10,8 +10,11 @@ the Swap connector holds in host memory), `swap_stats`, and under `scheduler`:
 `policy`, `iteration`, `promotions`, `retention` (the rule), and the conversations kept
 between turns: `retained_preserve`, `retained_swap`, `retained_device_blocks`,
 `retained_host_tokens`, `retention_hits`, `retention_misses`, `retention_expired`,
-`retention_released`, `retention_reused_tokens`.
-`?request_id=ID` adds that request's predictions, strategies and status (`request`).
+`retention_released`, `retention_reused_tokens`, `retention_redecided`; the gap between a
+conversation's turns as the scheduler predicts it: `tool_gaps` (tool name -> `samples`,
+`estimate_s`) and `tool_gap_global_s` (`marsched.policy.retention.GapEstimator`).
+`?request_id=ID` adds that request's predictions, strategies and status (`request`), and for
+a conversation's finished turn the gap its retention was decided from (`request.retention`).
 Under vLLM's data parallelism every rank answers: `{"data_parallel_size": N, "ranks": [...]}`,
 one such state per rank, with its `rank`, and `affinity`, where this front end places
 conversations (`affinity.py`).

@@ -93,8 +93,10 @@ class CallSteps:
         if meta is not None and meta.conversation is not None:
             tracked.conversation, tracked.tool_s, tracked.retain = meta.conversation, meta.tool_s, meta.retain
             gap = self._keeper.claim(meta.conversation, request.request_id, list(request.prompt_token_ids or ()), now)
-            if gap is not None:
-                self._gaps.observe(gap)
+            if gap is not None:  # the gap goes to the tools the previous turn called, when they are known
+                self._gaps.observe(gap, self._tools.arrived(meta.conversation, meta.tool))
+            predicted = plan[min(meta.segment, len(plan) - 1)].output_tokens
+            self._programs.turn_arrives(meta.conversation, progress, predicted)
         self.lifecycle.arrived(tracked, now, request.num_prompt_tokens)
         self._sync(tracked, request)
         self._start_segment(tracked, "waiting")

@@ -2,39 +2,67 @@
 
 A finished turn of a conversation (a request naming one) keeps its KV by the retention rule's
 strategy until the follow-up arrives; kept conversations give way when the head of the waiting
-queue does not fit; vLLM's abort path carries releases (`marsched-release:<conversation>`) and
-the front end's stop-string ends (`marsched-stopped:<request id>`), which are finished turns.
+queue does not fit; vLLM's abort path carries releases (`marsched-release:<conversation>`),
+the front end's stop-string ends (`marsched-stopped:<request id>`), which are finished turns, and
+the tools a finished turn called (`marsched-tool:<conversation>\\x1f<names>`, `tool_hints.py`).
+
+The predicted gap of a turn (`GapEstimator`): the client's `tool_s`; else the estimate of the
+tools the turn called, once the API server has said which (the turn is then decided again,
+where its strategy can still change: `ConversationKeeper.change`); until then, the estimate of
+the conversation's previous tool; else the global one.
 """
 
 from __future__ import annotations
 
 import time
-from dataclasses import replace
+from dataclasses import dataclass, replace
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm.v1.request import Request, RequestStatus
 
-from marsched.policy import Strategy
+from marsched.policy import EngineLoad, Strategy
+from marsched.policy.retention import GapSource, RetentionMode
 from marsched.vllm.retention import RELEASE_PREFIX
 from marsched.vllm.signals import wake_engine
 from marsched.vllm.stop_strings import STOPPED_PREFIX, split_marked
-from marsched.vllm.tracked import Tracked
+from marsched.vllm.tool_hints import TOOL_PREFIX, read_hint
+from marsched.vllm.tracked import RetentionDecision, Tracked
+
+logger = init_logger(__name__)
+
+
+@dataclass(frozen=True, slots=True)
+class KeptDecision:
+    """What a kept turn was decided from (`Kept.decided`), to decide it again when its tools are told."""
+
+    rid: str  # the caller's id: its info in `_done`
+    context_tokens: int
+    open: bool  # the `policy` rule decided from a predicted gap (not the client's `tool_s`, not a forced strategy)
 
 
 class ConversationSteps:
-    """Mixed into `MarsSchedulerMixin`, which sets up `_keeper`, `_retention`, `_gaps`."""
+    """Mixed into `MarsSchedulerMixin`, which sets up `_keeper`, `_retention`, `_gaps`, `_tools`, `_programs`."""
 
     def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
         """vLLM's abort path, also carrying releases: `marsched-release:<conversation>` ends that
-        conversation's retention (a front end whose client went away, or a last turn), and
-        `marsched-stopped:<request id>` says that the request ended on a stop string."""
+        conversation's retention (a front end whose client went away, or a last turn),
+        `marsched-stopped:<request id>` says that the request ended on a stop string, and
+        `marsched-tool:<conversation>\\x1f<names>` which tools a conversation's finished turn called."""
         if request_ids is None:
             return super().finish_requests(request_ids, finished_status)
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
         ids, released = split_marked(ids, RELEASE_PREFIX)
         for conversation in released:
+            self._programs.ended(conversation)
             if self._keeper.release(conversation) and self._swapper is not None:
                 self._swapper.snapshot_dirty = True  # a step publishes the counters, also on an idle engine
+        ids, hints = split_marked(ids, TOOL_PREFIX)
+        for hint in hints:
+            try:
+                self._tool_hint(hint)
+            except Exception:  # noqa: BLE001 - a hint only sharpens a prediction; the engine goes on
+                logger.exception("marsched: a tool hint failed")
         ids, stopped = split_marked(ids, STOPPED_PREFIX)
         finished: list[Request] = []
         if stopped and finished_status == RequestStatus.FINISHED_ABORTED:
@@ -53,19 +81,58 @@ class ConversationSteps:
         now = time.monotonic()
         groups = self.kv_cache_manager.get_blocks(request.request_id).blocks
         blocks = list(groups[0]) if len(groups) == 1 else []  # one KV group: full attention
-        gap_s = self._gaps.predict(tracked.tool_s)
+        tools = self._tools.ended(tracked.conversation)  # its previous tool, until the hint comes
+        gap_s = self._gaps.predict(tracked.tool_s, tools)
+        source = (GapSource.STATED if tracked.tool_s is not None else GapSource.PREVIOUS if tools
+                  else GapSource.GLOBAL)
         load = self._load()
-        if tracked.override is not None and self._retention.name == "policy":
+        forced = tracked.override is not None and self._retention.mode is RetentionMode.POLICY
+        if forced:
             strategy, hold_s = tracked.override, self._retention.limit_s
         else:
-            choice = self._retention.decide(self.mars_policy, request.num_computed_tokens, gap_s, load)
-            strategy, hold_s = choice.strategy, choice.hold_s
-        if strategy is Strategy.SWAP and not self._can_swap(request, load):
-            strategy = self.mars_policy.strategy_for_gap(request.num_computed_tokens, gap_s,
-                                                         replace(load, host_free_tokens=0))
-        if self._keeper.keep(tracked.conversation, request.request_id, request.all_token_ids,
-                             request.num_computed_tokens, blocks, strategy, now, hold_s) is not None:
+            strategy, hold_s = self._retention_choice(request.num_computed_tokens, gap_s, load,
+                                                      self._can_swap(request, load))
+        tracked.retention = RetentionDecision(strategy, gap_s, source, tools if source is GapSource.PREVIOUS else ())
+        kept = self._keeper.keep(tracked.conversation, request.request_id, request.all_token_ids,
+                                 request.num_computed_tokens, blocks, strategy, now, hold_s)
+        if kept is not None:
+            # The client's tool_s wins, a forced strategy stays, and the other rules do not read the gap.
+            open_ = not forced and tracked.tool_s is None and self._retention.mode is RetentionMode.POLICY
+            kept.decided = KeptDecision(tracked.rid, request.num_computed_tokens, open_)
             self._arm_expiry(now)
+
+    def _retention_choice(self, context_tokens: int, gap_s: float, load: EngineLoad,
+                          can_swap: bool) -> tuple[Strategy, float]:
+        """The retention rule's strategy and hold time; a Swap that cannot be made falls back to
+        the cheaper of the others."""
+        choice = self._retention.decide(self.mars_policy, context_tokens, gap_s, load)
+        strategy = choice.strategy
+        if strategy is Strategy.SWAP and not can_swap:
+            strategy = self.mars_policy.strategy_for_gap(context_tokens, gap_s, replace(load, host_free_tokens=0))
+        return strategy, choice.hold_s
+
+    def _tool_hint(self, hint: str) -> None:
+        """The API server says which tools a conversation's finished turn called: remember them
+        for the gap to its follow-up, and decide a kept turn again with their estimate."""
+        read = read_hint(hint)
+        if read is None or not self._tools.hinted(*read):
+            return
+        conversation, tools = read
+        kept = self._keeper.kept.get(conversation)
+        decided: KeptDecision | None = kept.decided if kept is not None else None
+        if decided is None or not decided.open:
+            return
+        gap_s = self._gaps.predict(None, tools)
+        wanted, _ = self._retention_choice(decided.context_tokens, gap_s, self._load(),
+                                           self._host_free_tokens() >= len(kept.tokens))
+        strategy = self._keeper.change(conversation, wanted)
+        decision = RetentionDecision(strategy, gap_s, GapSource.HINT, tools, redecided=True)
+        info = self._done.get(decided.rid)
+        if info is not None:
+            info["retention"] = decision.to_dict()
+            self._changed.add(decided.rid)
+        if self._swapper is not None:
+            self._swapper.snapshot_dirty = True  # a step publishes it, and sends a copy a Swap asks for
 
     def _arm_expiry(self, now: float) -> None:
         if self._input_queue is not None:

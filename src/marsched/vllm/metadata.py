@@ -12,6 +12,7 @@ replaces the request's sampling params, so each chunk carries the current plan):
                                           # of the segment this chunk starts (learned predictor)
      "conversation": "chat-42",           # optional: the conversation this request is a turn of
      "tool_s": 1.5,                       # optional: seconds until the conversation's next turn
+     "tool": "get_weather",               # optional: the tool whose result this turn carries
      "retain": false}                     # optional: no next turn comes (default true)
 
 A request with `conversation` is one turn of a multi-turn exchange (an OpenAI client's
@@ -19,6 +20,13 @@ tool call and the follow-up carrying the tool's result). When it finishes, the s
 keeps its KV cache the way the policy decides from `tool_s` (or its prediction of the
 gap) until the next request of the same conversation arrives, which reuses it, or a
 time limit passes (`marsched.vllm.retention`).
+
+`tool` names the tool whose RESULT this turn carries: the tool the previous turn called,
+which the client knows when it sends this turn (it cannot know what this turn's reply will
+call). The scheduler attributes the gap it observed before this turn to that tool, unless the
+API server already told it which tools the previous reply called (a chat completion's
+`tool_calls`, `marsched.vllm.tool_hints`); completions have no structured tool calls, so
+there the field is the only way to learn a gap per tool.
 
 `plan` is the caller's expectation of the whole request: for trace replay the true
 trace request, for live tool use the expected output tokens per segment and, per
@@ -46,6 +54,7 @@ from __future__ import annotations
 
 import json
 import math
+import re
 from dataclasses import dataclass
 from typing import Any
 
@@ -62,7 +71,11 @@ MAX_API_S = 1_000_000.0
 MAX_RID_CHARS = 1024
 MAX_JSON_CHARS = 100_000
 MAX_CONVERSATION_CHARS = 256
-FIELDS = ("segment", "plan", "strategy", "rid", "predicted", "conversation", "tool_s", "retain")
+MAX_TOOL_CHARS = 64  # OpenAI's limit on a function's name
+FIELDS = ("segment", "plan", "strategy", "rid", "predicted", "conversation", "tool_s", "retain", "tool")
+# Kept in a tool's name: letters and digits (any script), `_`, `.`, `-`. The rest becomes `_`, so that
+# a name never holds the separators of a tool hint (`tool_hints.py`).
+_NOT_IN_TOOL_NAME = re.compile(r"[^\w.\-]")
 PLAN_ITEM = ("output_tokens", "api_type", "api_s", "return_tokens")
 
 
@@ -109,6 +122,7 @@ class ChunkMeta:
     conversation: str | None = None  # the conversation this request is a turn of
     tool_s: float | None = None  # the client's estimate of the time until the next turn
     retain: bool = True  # False: the conversation's last turn, nothing to keep
+    tool: str | None = None  # the tool whose result this turn carries (the previous turn's call)
 
     def to_dict(self) -> dict[str, Any]:
         data: dict[str, Any] = {"segment": self.segment, "plan": [p.to_list() for p in self.plan]}
@@ -124,6 +138,8 @@ class ChunkMeta:
             data["tool_s"] = self.tool_s
         if not self.retain:
             data["retain"] = False
+        if self.tool is not None:
+            data["tool"] = self.tool
         return data
 
     def to_extra_args(self) -> dict[str, Any]:
@@ -190,7 +206,20 @@ def parse(value: Any) -> ChunkMeta | None:
     retain = value.get("retain", True)
     if not isinstance(retain, bool):
         raise MetadataError(f"{KEY}.retain", f"must be true or false, got {_show(retain)}")
-    return ChunkMeta(segment, plan, strategy, rid, predicted, conversation, tool_s, retain)
+    tool = value.get("tool")
+    if tool is not None:
+        if not isinstance(tool, str) or not 1 <= len(tool) <= MAX_TOOL_CHARS:
+            raise MetadataError(f"{KEY}.tool", f"must be a string of 1 to {MAX_TOOL_CHARS} characters "
+                                               f"(the tool whose result this turn carries), got {_show(tool)}")
+        tool = tool_name(tool)
+    return ChunkMeta(segment, plan, strategy, rid, predicted, conversation, tool_s, retain, tool)
+
+
+def tool_name(text: str) -> str:
+    """A tool's name as the scheduler keys its gaps: at most MAX_TOOL_CHARS characters, each one
+    that is not a letter, a digit, `_`, `.` or `-` replaced by `_` (the `tool` field and the
+    names a model's reply calls go through the same rule, so that they meet)."""
+    return _NOT_IN_TOOL_NAME.sub("_", text[:MAX_TOOL_CHARS])
 
 
 def decode(sampling_params: Any) -> ChunkMeta | None:

@@ -15,6 +15,13 @@ strategy the retention rule chose (`marsched.policy.retention`):
 - Discard: nothing is kept; the blocks go back to vLLM's prefix cache as they would in
   stock vLLM (reusable until evicted).
 
+Once the API server has told which tools the turn called (`tool_hints.py`), the scheduler may
+decide again with those tools' gap estimate (`change`): a Preserve can become a Swap (the pinned
+blocks are copied out as a kept Swap's are) or a Discard (released); a Swap can become a Discard.
+A Swap does not become a Preserve: its copy is sent with the step after the turn ends, before
+any hint can arrive, and from then on its device blocks are going. Nothing becomes a Preserve
+or a Swap from a Discard: the blocks went back to vLLM's prefix cache, where nothing holds them.
+
 A retention ends when the follow-up is scheduled (a hit), when the conversation is
 released (`send_release`: vLLM's abort message to the engine core, carrying the id
 `marsched-release:<conversation>`, which `MarsScheduler.finish_requests` takes), when vLLM runs out of room for the
@@ -52,6 +59,7 @@ class Kept:
     copy_step: Any = None  # Swap: the scheduler output whose metadata carries the copy
     copied: bool = False
     claimed_by: str | None = None  # the follow-up's internal id, once it has arrived
+    decided: Any = None  # what the scheduler decided from, to decide again (`conversation_steps.KeptDecision`)
 
 
 @dataclass(slots=True)
@@ -61,6 +69,7 @@ class RetentionStats:
     expired: int = 0
     released: int = 0  # by the front end, or for room
     reused_tokens: int = 0  # context tokens follow-ups did not recompute (prefix hit + host load)
+    redecided: int = 0  # kept turns whose strategy changed once their tools were known
 
 
 async def send_release(engine_client: Any, conversation: str) -> None:
@@ -124,6 +133,26 @@ class ConversationKeeper:
             self.swapper.queue_swap_out(kept.host_key, [b.block_id for b in kept.pinned], len(kept.tokens))
         self.kept[conversation] = kept
         return kept
+
+    def change(self, conversation: str, strategy: Strategy) -> Strategy | None:
+        """Decide a kept turn again (the module's docstring says what can change). Returns the
+        strategy in force now, or None if nothing of `conversation` is kept."""
+        kept = self.kept.get(conversation)
+        if kept is None:
+            return None
+        if strategy is kept.strategy or (kept.strategy is Strategy.SWAP and strategy is not Strategy.DISCARD):
+            return kept.strategy
+        if strategy is Strategy.SWAP and self.swapper is None:
+            return kept.strategy
+        self.stats.redecided += 1
+        if strategy is Strategy.DISCARD:
+            self.release(conversation, counted=False)
+            return Strategy.DISCARD
+        # Preserve -> Swap: the pinned blocks are copied out as `keep` copies a Swap's.
+        kept.strategy = Strategy.SWAP
+        kept.host_key = HOST_KEY_PREFIX + kept.rid
+        self.swapper.queue_swap_out(kept.host_key, [b.block_id for b in kept.pinned], len(kept.tokens))
+        return Strategy.SWAP
 
     def copy_sent(self, host_key: str, step: Any) -> None:
         for kept in self.kept.values():
@@ -280,6 +309,7 @@ class ConversationKeeper:
             "retention_expired": self.stats.expired,
             "retention_released": self.stats.released,
             "retention_reused_tokens": self.stats.reused_tokens,
+            "retention_redecided": self.stats.redecided,
         }
 
     # --- helpers ----------------------------------------------------------------------

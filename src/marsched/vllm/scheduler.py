@@ -44,9 +44,11 @@ from marsched.vllm.faults import FaultIsolation
 from marsched.vllm.kv_swap import HostSwapConnector, SwapMeta
 from marsched.vllm.ranked_queue import RankedRequestQueue
 from marsched.vllm.retention import HOST_KEY_PREFIX, ConversationKeeper
+from marsched.vllm.programs import ProgramLedger
 from marsched.vllm.running_order import RunningOrder
 from marsched.vllm.signals import engine_input_queue, wake_engine_on_shutdown_signals
 from marsched.vllm.snapshot import Inspection
+from marsched.vllm.tool_hints import ConversationTools
 from marsched.vllm.trace import open_trace
 from marsched.vllm.tracked import Kv, Tracked
 
@@ -94,6 +96,8 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         self._retention = self.mars_config.retention_rule()
         self._keeper = ConversationKeeper(self.kv_cache_manager.block_pool, self.cache_config.block_size, self._swapper)
         self._gaps = GapEstimator()
+        self._tools = ConversationTools()  # which tools each conversation's gaps follow
+        self._programs = ProgramLedger()
         self.lifecycle = CallLifecycle(self.mars_policy, self.waiting, self, self.mars_trace,
                                        handle_of=self._tracked.get, on_event=self._on_event,
                                        on_fault=self._fail_tracked)
@@ -398,6 +402,8 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
 
     def _forget_finished(self, request: Request, tracked: Tracked) -> None:
         rid = request.request_id
+        if tracked.conversation is not None:
+            self._programs.turn_ends(tracked.conversation, tracked.progress, last=not tracked.retain)
         self.waiting.queue.finished(rid)
         self._keeper.forget(rid)
         self._left_call(tracked)

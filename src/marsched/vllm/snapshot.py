@@ -40,6 +40,7 @@ class Inspection:
             })
         return {"request_id": tracked.rid, "segments": segments, "preemptions": tracked.preemptions,
                 "arrival_t": tracked.arrival_t, "first_token_t": tracked.first_token_t, "kv": tracked.kv,
+                "retention": tracked.retention.to_dict() if tracked.retention is not None else None,
                 "finished": False}
 
     def mars_snapshot(self, request_id: str | None = None) -> dict[str, Any]:
@@ -60,6 +61,9 @@ class Inspection:
             "memory_time_in_flight": self._memory_time_in_flight(),
             **self._paused_by_strategy(),
             **self._keeper.snapshot(),
+            "tool_gap_global_s": self._gaps.global_s,
+            "tool_gaps": self._gaps.snapshot(),
+            **self._programs.snapshot(),
         }
         if request_id is not None:
             found = self._done.get(request_id)

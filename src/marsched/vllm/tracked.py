@@ -9,8 +9,10 @@ from __future__ import annotations
 
 import math
 from dataclasses import dataclass, field
+from typing import Any
 
 from marsched.policy import RequestProgress, Strategy
+from marsched.policy.retention import GapSource
 from marsched.predict import SegmentPrediction
 from marsched.vllm.metadata import PlannedSegment
 
@@ -23,6 +25,21 @@ class Kv:
     SWAP_QUEUED = "swap-queued"  # copy asked for, not yet sent to the worker
     SWAP_OUT = "swap-out"  # copy sent with this step; blocks freed when the step's output arrives
     HOST = "host"
+
+
+@dataclass(frozen=True, slots=True)
+class RetentionDecision:
+    """What a finished conversation turn's KV got between its turns, and from which predicted gap."""
+
+    strategy: Strategy
+    gap_s: float  # the predicted gap the decision saw (the `policy` rule decides from it)
+    source: GapSource
+    tools: tuple[str, ...] = ()  # the tools whose estimate gave `gap_s`
+    redecided: bool = False  # decided again once the API server told the turn's tools
+
+    def to_dict(self) -> dict[str, Any]:
+        return {"strategy": self.strategy.value, "gap_s": self.gap_s, "gap_source": self.source.value,
+                "tools": list(self.tools), "redecided": self.redecided}
 
 
 @dataclass(eq=False)
@@ -47,6 +64,7 @@ class Tracked:
     conversation: str | None = None  # the conversation this request is a turn of
     tool_s: float | None = None  # the client's estimate of the time until the next turn
     retain: bool = True
+    retention: RetentionDecision | None = None  # a finished conversation turn's, once decided
     strategies: list[str] = field(default_factory=list)  # the strategy each call ran under
     predictions: dict[int, SegmentPrediction] = field(default_factory=dict)  # at each segment's start
     front_end_predictions: set[int] = field(default_factory=set)  # segments whose length the front end predicted

@@ -1,0 +1,196 @@
+"""Which tools a conversation's chat turn called, told to the scheduler: its gap is learned per tool.
+
+An ASGI middleware in vLLM's API server (`--middleware marsched.serve.tool_gaps.ToolGapsMiddleware`,
+added by `marsched serve`). The scheduler predicts the gap between a conversation's turns (the
+time the client's tool takes) per tool (`marsched.policy.retention.GapEstimator`), but it cannot
+read text. This middleware watches the responses of `POST /v1/chat/completions` whose request
+names a conversation (`vllm_xargs.marsched.conversation`, read by `affinity.turn_of`; not a last
+turn, `retain: false`), and when the reply calls tools, sends their names to the engine core for
+that conversation (`marsched.vllm.tool_hints.send_tool_hint`, on vLLM's abort path, to every
+data-parallel rank).
+
+A reply calls tools when one of its choices carries tool calls (`message.tool_calls`, or the
+`delta.tool_calls` of a stream) and ends with `tool_calls`, or with `stop`, which is how vLLM and
+OpenAI end a call of a named `tool_choice`; a reply cut at `length`, or an error, calls nothing.
+
+The response passes through unchanged, byte for byte, and is not delayed: each message goes on
+to the client before it is looked at, and the hint is sent after the last one, in a background
+task; a failure to send it is logged. Streamed replies (`text/event-stream`) are read line by
+line, and only the events that can hold a tool call are parsed as JSON; a non-streamed reply is
+parsed once, at its end, if it mentions `tool_calls`. A reply beyond MAX_BODY_BYTES (or a stream
+line beyond it) is not read. `/v1/completions` has no structured tool calls: there the client
+states the tool in the next turn's `tool` field (`marsched.vllm.metadata`).
+
+Requests naming no conversation, bodies that are not JSON or whose marsched field is malformed,
+and every other path pass through as they came.
+"""
+
+from __future__ import annotations
+
+import asyncio
+import json
+import logging
+from dataclasses import dataclass, field
+from typing import Any
+
+from marsched.serve.affinity import turn_of
+from marsched.serve.asgi_body import read_body, replay_body
+
+PATH = "/v1/chat/completions"
+MAX_BODY_BYTES = 8 << 20  # what is kept of a non-streamed reply, or of one line of a stream, to read it
+HINT_TIMEOUT_S = 10.0
+CALLS_TOOLS = ("tool_calls", "stop")  # finish reasons of a reply that calls tools (`stop`: a named tool_choice)
+
+logger = logging.getLogger(__name__)
+
+
+@dataclass(slots=True)
+class ReplyWatch:
+    """What one response shows of its tool calls, fed its ASGI messages as they go to the client."""
+
+    status: int = 0
+    streamed: bool = False
+    done: bool = False  # its last message went by
+    unread: bool = False  # too large, or not what a chat completion looks like: no tools to tell
+    _buffer: bytearray = field(default_factory=bytearray)
+    _names: dict[int, list[str]] = field(default_factory=dict)  # choice index -> the tools it called
+    _finish: dict[int, str] = field(default_factory=dict)  # choice index -> its finish reason
+
+    def feed(self, message: dict[str, Any]) -> None:
+        """Never raises: a response we cannot read is one we tell nothing about."""
+        try:
+            self._feed(message)
+        except Exception:  # noqa: BLE001
+            self.unread = True
+            self._buffer.clear()
+
+    def tools(self) -> list[str]:
+        """The tools the reply called, in order (several choices: all of them); [] when none."""
+        if self.unread or not self.done or self.status != 200:
+            return []
+        return [name for index, names in sorted(self._names.items())
+                if self._finish.get(index) in CALLS_TOOLS for name in names]
+
+    def _feed(self, message: dict[str, Any]) -> None:
+        kind = message.get("type")
+        if kind == "http.response.start":
+            self.status = int(message.get("status", 0))
+            self.streamed = any(k.lower() == b"content-type" and v.lower().startswith(b"text/event-stream")
+                                for k, v in message.get("headers", ()))
+            return
+        if kind != "http.response.body" or self.done:
+            return
+        self.done = not message.get("more_body", False)
+        if self.unread or self.status != 200:
+            return
+        self._buffer += message.get("body", b"")
+        if self.streamed:
+            self._read_lines()
+        elif len(self._buffer) > MAX_BODY_BYTES:
+            self.unread = True
+            self._buffer.clear()
+        elif self.done:
+            body = bytes(self._buffer)
+            self._buffer.clear()
+            if b"tool_calls" in body:
+                self._read_reply(json.loads(body))
+
+    def _read_lines(self) -> None:
+        """Server-sent events, one `data:` line each (vLLM's); a line may span body messages."""
+        while True:
+            end = self._buffer.find(b"\n")
+            if end < 0 and self.done and self._buffer:
+                end = len(self._buffer)  # the stream's last line, without its newline
+            if end < 0:
+                if len(self._buffer) > MAX_BODY_BYTES:
+                    self.unread = True
+                    self._buffer.clear()
+                return
+            line = bytes(self._buffer[:end]).strip()
+            del self._buffer[:end + 1]
+            if not line.startswith(b"data:"):
+                continue
+            data = line[5:].strip()
+            # Only a tool call's events, and the finish of a choice that made one, need reading.
+            if b"tool_calls" in data or (self._names and b"finish_reason" in data):
+                self._read_chunk(json.loads(data))
+
+    def _read_chunk(self, chunk: Any) -> None:
+        for index, choice in _choices(chunk):
+            delta = choice.get("delta")
+            self._note(index, delta.get("tool_calls") if isinstance(delta, dict) else None, choice)
+
+    def _read_reply(self, reply: Any) -> None:
+        for index, choice in _choices(reply):
+            message = choice.get("message")
+            self._note(index, message.get("tool_calls") if isinstance(message, dict) else None, choice)
+
+    def _note(self, index: int, calls: Any, choice: dict[str, Any]) -> None:
+        for call in calls if isinstance(calls, list) else ():
+            function = call.get("function") if isinstance(call, dict) else None
+            name = function.get("name") if isinstance(function, dict) else None
+            if isinstance(name, str) and name:  # a stream names each call in its first delta only
+                self._names.setdefault(index, []).append(name)
+        finish = choice.get("finish_reason")
+        if isinstance(finish, str):
+            self._finish[index] = finish
+
+
+def _choices(body: Any) -> list[tuple[int, dict[str, Any]]]:
+    choices = body.get("choices") if isinstance(body, dict) else None
+    found = []
+    for position, choice in enumerate(choices if isinstance(choices, list) else ()):
+        if isinstance(choice, dict):
+            index = choice.get("index")
+            found.append((index if isinstance(index, int) else position, choice))
+    return found
+
+
+class ToolGapsMiddleware:
+    def __init__(self, app: Any) -> None:
+        self.app = app
+        self._hints: set[asyncio.Task] = set()  # sent in the background; held until done
+
+    async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
+        if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != PATH:
+            await self.app(scope, receive, send)
+            return
+        raw = await read_body(receive)
+        if raw is None:  # the client left before its body arrived
+            return
+        # Most bodies name no conversation: a byte search spares parsing them.
+        turn = turn_of(raw) if b"conversation" in raw else None
+        if turn is None or turn.last:  # no conversation, or no follow-up to predict
+            await self.app(scope, replay_body(raw, receive), send)
+            return
+        watch = ReplyWatch()
+
+        async def watching(message: dict[str, Any]) -> None:
+            await send(message)  # the client's first
+            if watch.done:
+                return
+            watch.feed(message)
+            if watch.done:
+                tools = watch.tools()
+                if tools:
+                    self._hint(scope, turn.conversation, tools)
+
+        await self.app(scope, replay_body(raw, receive), watching)
+
+    def _hint(self, scope: dict[str, Any], conversation: str, tools: list[str]) -> None:
+        engine = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
+        task = asyncio.create_task(_send_hint(engine, conversation, tools))
+        self._hints.add(task)
+        task.add_done_callback(self._hints.discard)
+
+
+async def _send_hint(engine: Any, conversation: str, tools: list[str]) -> None:
+    from marsched.vllm.tool_hints import send_tool_hint
+
+    try:
+        if engine is None:
+            raise RuntimeError("no engine client on the app")
+        await asyncio.wait_for(send_tool_hint(engine, conversation, tools), HINT_TIMEOUT_S)
+    except Exception as error:  # noqa: BLE001 - a hint only sharpens a prediction; the reply has gone
+        logger.warning("marsched: could not tell the scheduler the tools conversation %s called (%s): %s: %s",
+                       conversation, ", ".join(tools), type(error).__name__, error)
