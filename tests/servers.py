@@ -270,3 +270,15 @@ def wait_idle(server: Server, timeout_s: float = 20.0) -> dict:
             return state
         assert time.monotonic() < deadline, f"KV usage never returned to zero: {state}"
         time.sleep(0.2)
+
+
+def openai_client(server: Server):
+    """The official client on `server`, for a module's fixture (it closes the client when done)."""
+    import openai
+
+    return openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120)
+
+
+def marsched(**fields) -> dict:
+    """A request's extra body with these marsched fields (a JSON string, as over HTTP)."""
+    return {"vllm_xargs": {"marsched": json.dumps(fields)}}

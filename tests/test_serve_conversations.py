@@ -20,7 +20,7 @@ import pytest
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from servers import CHAT_RETENTION_LIMIT_S, WEATHER, Server  # noqa: E402
+from servers import CHAT_RETENTION_LIMIT_S, WEATHER, Server, marsched, openai_client  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -35,12 +35,8 @@ def server(chat_server):
 
 @pytest.fixture(scope="module")
 def client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+    with openai_client(server) as c:
         yield c
-
-
-def marsched(**fields) -> dict:
-    return {"vllm_xargs": {"marsched": json.dumps(fields)}}
 
 
 def scheduler(server: Server) -> dict:

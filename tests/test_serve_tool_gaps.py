@@ -10,7 +10,6 @@ that tool, and `/marsched/state` ends up with one estimate per tool, near its sl
 
 from __future__ import annotations
 
-import json
 import math
 import threading
 
@@ -19,7 +18,7 @@ import pytest
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from servers import CITY, Server  # noqa: E402
+from servers import CITY, Server, marsched, openai_client  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
@@ -38,12 +37,8 @@ def server(chat_server):
 
 @pytest.fixture(scope="module")
 def client(server):
-    with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as c:
+    with openai_client(server) as c:
         yield c
-
-
-def marsched(**fields) -> dict:
-    return {"vllm_xargs": {"marsched": json.dumps(fields)}}
 
 
 def call_tool(client, server: Server, messages: list, tool: str, conversation: str, rid: str, stream: bool) -> dict:
