@@ -1,9 +1,10 @@
 """The learned length predictor (`--predictor learned[:DIR]`) and its fallback rule (`type-mean`).
 
 `LearnedModel` is the encoder and a trained head (`marsched predictor train`); the default
-head ships in the package (`marsched/predict/heads/default`). It predicts from text: the
-newest turn, the context's length in tokens and the length of the model's previous reply
-(segment) in the conversation, which is known when the segment starts.
+head ships in the package (`marsched/predict/heads/default`), and so does one trained on
+agent turns (`heads/agent`, `learned:agent`; `marsched.predict.agent_examples`). It predicts
+from text: the newest turn, the context's length in tokens and the length of the model's
+previous reply (segment) in the conversation, which is known when the segment starts.
 
 In the simulator (`LearnedLength`), a trace's text records (the INFERCEPT chatbot, TTS and
 image families, `marsched.predict.texts`) get learned predictions, made once per trace
@@ -32,7 +33,7 @@ from importlib.resources import as_file, files
 import numpy as np
 
 from marsched.predict.encoder import Encoder
-from marsched.predict.head import Head, load_head
+from marsched.predict.head import HEAD_FILE, Head, load_head
 from marsched.workload.model import Request
 
 DEFAULT = "default"
@@ -171,11 +172,23 @@ def _trace_table(directory: str | None, trace: str) -> tuple[tuple[str, tuple[in
     return tuple((rid, tuple(next(predicted) for _ in steps)) for rid, steps in segments.items())
 
 
+def packaged_head_dir(name: str) -> str | None:
+    """The directory of the head `name` shipped in the package (``heads/NAME``), or None if there is none."""
+    if not name or name != os.path.basename(name) or name in (".", ".."):
+        return None
+    with as_file(files("marsched.predict") / "heads" / name) as path:
+        return str(path) if os.path.isfile(os.path.join(path, HEAD_FILE)) else None
+
+
 def head_directory(spec: str) -> str | None:
-    """`learned` -> None (the packaged head); `learned:DIR` -> DIR (ValueError if empty)."""
+    """`learned` -> None (the packaged default head); `learned:NAME` -> a packaged head (``heads/NAME``:
+    ``agent``, trained on agent turns); `learned:DIR` -> DIR (ValueError if empty).
+
+    A bare name is a packaged head's before a directory's: write ``./agent`` for a directory of that name.
+    """
     if spec == "learned":
         return None
     directory = spec.removeprefix("learned:")
     if not directory:
         raise ValueError("predictor 'learned:': DIR is empty (use 'learned' for the packaged head)")
-    return os.path.abspath(directory)
+    return packaged_head_dir(directory) or os.path.abspath(directory)
