@@ -68,7 +68,8 @@ PREDICTOR_HELP = {
     "oracle": "output lengths from the trace (exact)",
     "noisy:SIGMA": "the true length times 1 + N(0, SIGMA), e.g. noisy:0.3",
     "type-mean": "per kind of segment (its call's API type, or the end), the trace's mean output length",
-    "learned[:DIR]": "MiniLM + a trained head on text records (packaged head, or DIR); type-mean for the rest",
+    "learned[:HEAD]": "MiniLM + a trained head on text records (the packaged default; 'agent', the packaged head "
+                      "trained on agent turns; or a directory); type-mean for the rest",
 }
 API_ESTIMATOR_HELP = {
     "type-mean": "per API type, the mean of the calls seen so far, started from a prior",
@@ -84,7 +85,7 @@ ProfileOpt = Annotated[str, typer.Option(help="Profile name or path to a profile
 DurationOpt = Annotated[float, typer.Option(help="Seconds of Poisson arrivals; the run then drains.")]
 SeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and noisy predictions (0 to 2^32-1).")]
 PredictorOpt = Annotated[str, typer.Option(
-    help="Output-length predictor: oracle, noisy:SIGMA, type-mean, learned or learned:DIR (marsched list).")]
+    help="Output-length predictor: oracle, noisy:SIGMA, type-mean, learned or learned:HEAD (marsched list).")]
 ApiOpt = Annotated[str, typer.Option("--api-estimator", help="API-duration estimate: type-mean or oracle.")]
 StarvationOpt = Annotated[str, typer.Option(
     help="Starvation threshold in the variant's units (seconds for 'fcfs-wait' and 'age', iterations for the others), 'off', or 'default'.")]
@@ -272,7 +273,7 @@ def serve(
     predictor: Annotated[str, typer.Option(
         help="Output-length predictor: 'auto' (learned, every request predicted in the API server, when the "
              "predict extra is installed; else oracle: each request's plan or max_tokens), oracle, type-mean, "
-             "learned or learned:DIR.")] = "auto",
+             "learned or learned:HEAD (a packaged head such as 'agent', or a directory).")] = "auto",
     api_estimator: ApiOpt = "type-mean",
     refresh_interval: RefreshOpt = 1,
     seed: SeedOpt = 0,
