@@ -109,7 +109,7 @@ def test_serve_passes_an_absolute_profile_path_to_the_plugin(measured, monkeypat
     monkeypatch.setattr(serve_package, "serve", fake_serve)
     monkeypatch.chdir(measured.parent)
     monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object())
-    result = CliRunner().invoke(app, ["serve", "m", "--profile", measured.name])
+    result = CliRunner().invoke(app, ["serve", "m", "--profile", measured.name, "--predictor", "oracle"])
     assert result.exit_code == 0, result.output
     mars = seen["options"].mars
     assert mars.profile == str(measured) and mars.cost == CostSettings()
