@@ -34,12 +34,12 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from marsched.serve.asgi_body import read_body, replay_body
+from marsched.serve.asgi_body import COMPLETION_PATHS, read_body, replay_body
 from marsched.policy.placement import (Placement, RankLoad, hashed_rank, least_loaded_scores, lowest,
                                       mars_scores)
 
 ENV = "MARSCHED_DP_PLACEMENT"
-PATHS = ("/v1/completions", "/v1/chat/completions")
+PATHS = COMPLETION_PATHS
 HEADER = b"x-data-parallel-rank"
 LOOK_EVERY_S = 0.5  # the schedulers recompute their memory × time this often
 LOOK_TIMEOUT_S = 2.0

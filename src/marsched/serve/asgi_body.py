@@ -4,6 +4,8 @@ from __future__ import annotations
 
 from typing import Any
 
+COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")  # the OpenAI endpoints that generate
+
 
 async def read_body(receive: Any) -> bytes | None:
     """The whole body, or None if the client left before it arrived."""
@@ -29,3 +31,13 @@ def replay_body(raw: bytes, receive: Any) -> Any:
         return await receive()
 
     return replay
+
+
+async def post_body(app: Any, scope: dict[str, Any], receive: Any, send: Any, paths: tuple[str, ...]) -> bytes | None:
+    """The whole body of a POST to one of `paths`. None when there is nothing more for the middleware
+    to do: the request is not such a POST (it has been passed to `app` as it came), or the client
+    left before its body arrived."""
+    if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") not in paths:
+        await app(scope, receive, send)
+        return None
+    return await read_body(receive)

@@ -36,12 +36,12 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from marsched.serve.asgi_body import read_body, replay_body
+from marsched.serve.asgi_body import COMPLETION_PATHS, post_body, replay_body
 from marsched.serve.program_fields import AliasError, alias_fields, merged_xargs, own_fields
 from marsched.serve.turn_text import TurnText, chat_turn, completion_turn
 
 ENV = "MARSCHED_PREDICTOR"
-PATHS = ("/v1/completions", "/v1/chat/completions")
+PATHS = COMPLETION_PATHS
 MAX_BATCH = 64
 REMEMBERED = 100_000  # conversations whose last turn is remembered; the oldest is forgotten first
 MAX_RESPONSE_BYTES = 16 << 20  # a non-streamed response read for its usage; past this it is not read
@@ -261,11 +261,8 @@ class PredictionMiddleware:
                         "batched up to %d", self.predictions.describe, MAX_BATCH)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") not in PATHS:
-            await self.app(scope, receive, send)
-            return
-        raw = await read_body(receive)
-        if raw is None:  # the client left before its body arrived
+        raw = await post_body(self.app, scope, receive, send, PATHS)
+        if raw is None:
             return
         try:
             body = json.loads(raw)

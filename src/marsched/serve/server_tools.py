@@ -41,7 +41,7 @@ import uuid
 from dataclasses import dataclass, field
 from typing import Any
 
-from marsched.serve.asgi_body import read_body, replay_body
+from marsched.serve.asgi_body import post_body, replay_body
 from marsched.serve.tool_config import ENV, ToolsConfig, load_tools_config
 from marsched.vllm.retention import send_release
 from marsched.vllm.tools import ToolError
@@ -102,11 +102,8 @@ class ServerToolsMiddleware:
         self.estimates = {name: DurationEstimate(spec.tool.expected_duration_s) for name, spec in config.tools.items()}
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != PATH:
-            await self.app(scope, receive, send)
-            return
-        raw = await read_body(receive)
-        if raw is None:  # the client left before its body arrived
+        raw = await post_body(self.app, scope, receive, send, (PATH,))
+        if raw is None:
             return
         loop = self._loop(raw)
         if loop is None:

@@ -34,7 +34,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marsched.serve.affinity import turn_of
-from marsched.serve.asgi_body import read_body, replay_body
+from marsched.serve.asgi_body import post_body, replay_body
 
 PATH = "/v1/chat/completions"
 MAX_BODY_BYTES = 8 << 20  # what is kept of a non-streamed reply, or of one line of a stream, to read it
@@ -152,11 +152,8 @@ class ToolGapsMiddleware:
         self._hints: set[asyncio.Task] = set()  # sent in the background; held until done
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        if scope.get("type") != "http" or scope.get("method") != "POST" or scope.get("path") != PATH:
-            await self.app(scope, receive, send)
-            return
-        raw = await read_body(receive)
-        if raw is None:  # the client left before its body arrived
+        raw = await post_body(self.app, scope, receive, send, (PATH,))
+        if raw is None:
             return
         # Most bodies name no conversation: a byte search spares parsing them.
         turn = turn_of(raw) if b"conversation" in raw else None
