@@ -12,6 +12,7 @@ as Ctrl-C does and checks that every process it started is gone.
 from __future__ import annotations
 
 import json
+import random
 import signal
 import time
 
@@ -24,12 +25,14 @@ psutil = pytest.importorskip("psutil")
 from hypothesis import HealthCheck, given, settings  # noqa: E402
 from hypothesis import strategies as st  # noqa: E402
 
+from marsched.experiments.probe.fields import fuzz_body, verdict  # noqa: E402
 from marsched.metrics.trace import read_trace  # noqa: E402
 from servers import Server, completion, wait_idle  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 FUZZ_CASES = 1000
+OPENAI_FUZZ_CASES = 150
 
 
 @pytest.fixture(scope="module")
@@ -210,6 +213,27 @@ def test_fuzz_malformed_marsched_fields_and_bodies_get_4xx_and_leave_no_trace(se
     # Nothing rejected reached the scheduler: the only arrivals are the request after the fuzz and
     # vLLM's pre-aborted notices for rejected requests that carried KV-transfer parameters.
     assert server.arrivals() - arrivals_before == 1 + seen["notified"]
+
+
+def test_fuzz_openai_fields_get_a_2xx_or_a_4xx_naming_the_field(server):
+    """The OpenAI fields users send (seed, n, stop, logprobs, response_format, tools, tool_choice,
+    max_tokens extremes, stream and its options), valid and not, a few at a time
+    (`marsched.experiments.probe.fields`): each request gets a 2xx or a 4xx naming one of them."""
+    rng = random.Random(0)
+    judged = {"2xx": 0, "4xx": 0}
+    for _ in range(OPENAI_FUZZ_CASES):
+        path, body = fuzz_body(rng, server.model)
+        sent = {k: v for k, v in body.items() if k not in ("model", "messages", "prompt")}
+        response = server.post(path, body)
+        answer = verdict(response.status_code, response.text, sent)
+        assert answer.ok, (path, sent, answer.why)
+        judged[answer.why[:3]] += 1
+    print(f"OpenAI-field fuzz: {judged}")
+    assert judged["2xx"] >= OPENAI_FUZZ_CASES // 10 and judged["4xx"] >= OPENAI_FUZZ_CASES // 10
+    assert server.client.get(server.url + "/health").status_code == 200
+    response = server.post("/v1/completions", completion(server))
+    assert response.status_code == 200 and response.json()["usage"]["completion_tokens"] == 4, response.text
+    wait_idle(server)
 
 
 def test_bad_marsched_values_are_named_in_the_400(server):
