@@ -25,7 +25,7 @@ from marsched.experiments.conversations.load import Conversation, Load, draw_loa
 from marsched.experiments.conversations.report import soak_table, summarize, table
 from marsched.experiments.conversations.soak import RssSampler, after_idle
 from marsched.experiments.conversations.servers import (
-    CHAT_TEMPLATE, CONFIGS, Engine, Server, fixed_seconds, server_command, server_counters,
+    CHAT_TEMPLATE, CONFIGS, Engine, fixed_seconds, recorded_server, server_command, server_counters,
 )
 from marsched.serve.launch import free_port
 
@@ -42,15 +42,8 @@ def run_config(config: str, engine: Engine, load: Load, conversations: list[Conv
                               "fixed_s": fixed_seconds(engine, load) if config == "fixed" else None,
                               "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "load_average": list(os.getloadavg()), "versions": versions(), "commit": commit()}
-    log = out / "logs" / f"{config}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[{config}] starting: {' '.join(command)}", flush=True)
-    server = Server(command, port, log)
-    try:
-        began = time.monotonic()
-        server.wait_healthy()
-        record["start_s"] = round(time.monotonic() - began, 1)
-        print(f"[{config}] healthy after {record['start_s']} s; {len(conversations)} conversations", flush=True)
+    with recorded_server(config, command, port, out, record) as server:
+        print(f"[{config}] {len(conversations)} conversations", flush=True)
         began = time.monotonic()
         sampler = RssSampler(server.process.pid) if soak_idle_s is not None else None
         results = asyncio.run(run_load(server.url, engine.model, conversations, load))
@@ -62,15 +55,6 @@ def run_config(config: str, engine: Engine, load: Load, conversations: list[Conv
             print(f"[{config}] load done; waiting {soak_idle_s:g} s to see what is left", flush=True)
             record["after_idle"] = after_idle(server.url, server.process, soak_idle_s)
         record["conversations"] = [asdict(r) for r in results]
-    except RuntimeError as error:
-        record["error"] = str(error)
-        print(f"[{config}] failed: {error}", flush=True)
-    finally:
-        server.stop()
-        record["server_log"] = str(log)
-    path = out / f"{config}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"[{config}] wrote {path}", flush=True)
     return record
 
 

@@ -11,6 +11,7 @@ retention counters (`/marsched/state`) and vLLM's prefix cache (`/metrics`) afte
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import subprocess
@@ -20,7 +21,7 @@ import urllib.error
 import urllib.request
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
+from typing import Any, Iterator
 
 from marsched.experiments.conversations.load import Load
 from marsched.serve.launch import stop_process_group
@@ -106,6 +107,32 @@ class Server:
         # marsched serve stops its own vLLM group on SIGTERM; stock vLLM is the group itself.
         stop_process_group(self.process, grace_s=60.0)
         self._log.close()
+
+
+@contextlib.contextmanager
+def recorded_server(config: str, command: list[str], port: int, out: Path, record: dict[str, Any]) -> Iterator[Server]:
+    """`config`'s server, healthy, for the body of the `with`; then stopped (its whole group, also
+    on Ctrl-C) and `record` written to `out/CONFIG.json`, with the server's log path, its start
+    time and, if it failed to start or the body raised a `RuntimeError`, the error."""
+    log = out / "logs" / f"{config}.log"
+    log.parent.mkdir(parents=True, exist_ok=True)
+    print(f"[{config}] starting: {' '.join(command)}", flush=True)
+    server = Server(command, port, log)
+    try:
+        began = time.monotonic()
+        server.wait_healthy()
+        record["start_s"] = round(time.monotonic() - began, 1)
+        print(f"[{config}] healthy after {record['start_s']} s", flush=True)
+        yield server
+    except RuntimeError as error:
+        record["error"] = str(error)
+        print(f"[{config}] failed: {error}", flush=True)
+    finally:
+        server.stop()
+        record["server_log"] = str(log)
+    path = out / f"{config}.json"
+    path.write_text(json.dumps(record, indent=1) + "\n")
+    print(f"[{config}] wrote {path}", flush=True)
 
 
 def get(url: str, timeout_s: float = 5.0) -> bytes | None:

@@ -14,7 +14,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import sys
@@ -27,7 +26,7 @@ from typing import Any
 from marsched.experiments.conversations.load import DEFAULT_LOAD
 from marsched.experiments.conversations.report import fmt
 from marsched.experiments.conversations.run import build_model, commit, versions
-from marsched.experiments.conversations.servers import CHAT_TEMPLATE, Engine, Server, server_command
+from marsched.experiments.conversations.servers import CHAT_TEMPLATE, Engine, recorded_server, server_command
 from marsched.experiments.conversations.soak import RssSampler, after_idle
 from marsched.experiments.probe.actions import Target
 from marsched.experiments.probe.load import run_clients, summarize
@@ -66,15 +65,10 @@ def run_config(config: str, engine: Engine, args: argparse.Namespace, out: Path,
                               "clients": args.clients, "duration_s": args.duration, "idle_s": args.idle_s,
                               "seed": args.seed, "when": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()),
                               "load_average": list(os.getloadavg()), "versions": versions(), "commit": commit()}
-    log = out / "logs" / f"{config}.log"
-    log.parent.mkdir(parents=True, exist_ok=True)
-    print(f"[{config}] starting: {' '.join(command)}", flush=True)
-    server = Server(command, port, log)
-    try:
-        server.wait_healthy()
+    with recorded_server(config, command, port, out, record) as server:
         target = Target(server.url, engine.model, marsched=config == "mars",
                         server_tools=TOOLS if config == "mars" else (), max_model_len=engine.max_model_len)
-        print(f"[{config}] healthy; {args.clients} clients for {args.duration:g} s", flush=True)
+        print(f"[{config}] {args.clients} clients for {args.duration:g} s", flush=True)
         sampler = RssSampler(server.process.pid)
         outcomes = asyncio.run(run_clients(target, args.clients, args.duration, args.seed,
                                            progress=lambda line: print(f"[{config}] {line}", flush=True)))
@@ -83,15 +77,6 @@ def run_config(config: str, engine: Engine, args: argparse.Namespace, out: Path,
         print(f"[{config}] load done ({record['summary']['faults']} faults); waiting {args.idle_s:g} s", flush=True)
         record["after_idle"] = after_idle(server.url, server.process, args.idle_s)
         record["exit_status"] = server.process.poll()
-    except RuntimeError as error:
-        record["error"] = str(error)
-        print(f"[{config}] failed: {error}", flush=True)
-    finally:
-        server.stop()
-        record["server_log"] = str(log)
-    path = out / f"{config}.json"
-    path.write_text(json.dumps(record, indent=1) + "\n")
-    print(f"[{config}] wrote {path}", flush=True)
     return record
 
 
