@@ -14,3 +14,12 @@ marsched compare --trace single --profile gptj-6b-a100 --policies $P --qps 3,4,5
   --json results/today/single-gptj-6b-a100.json
 marsched compare --trace agent --profile gptj-6b-a100 --policies $P --qps 0.1,0.2,0.4 --duration 600 --seed 0 \
   --json results/today/agent-gptj-6b-a100.json
+# MARS with noisy length predictions (each off by a lognormal factor, sigma 0.6), same loads.
+N="--policies mars --predictor noisy:0.6 --duration 600 --seed 0"
+marsched compare --trace claude-code --profile llama3-8b-h100 --token-scale 0.14 $N --qps 0.25,0.5,1,2,4 \
+  --json results/today/noisy/claude-code-llama3-8b-h100.json
+marsched compare --trace claude-code --profile llama3-70b-4xh100 --token-scale 0.14 $N --qps 0.125,0.25,0.5,1,2 \
+  --json results/today/noisy/claude-code-llama3-70b-4xh100.json
+marsched compare --trace multi --profile gptj-6b-a100 $N --qps 3,4,5,6 --json results/today/noisy/multi-gptj-6b-a100.json
+marsched compare --trace single --profile gptj-6b-a100 $N --qps 3,4,5,6 --json results/today/noisy/single-gptj-6b-a100.json
+marsched compare --trace agent --profile gptj-6b-a100 $N --qps 0.1,0.2,0.4 --json results/today/noisy/agent-gptj-6b-a100.json
