@@ -90,6 +90,22 @@ def test_a_run_is_healthy_only_without_faults_deaths_or_leftovers():
     assert leaks({**left, "retained_swap": 2}) == {"retained_swap": 2}
     assert "retained_swap 2" in table([{**record, "after_idle": {**left, "retained_swap": 2}}])
     assert not healthy({**record, "error": "server exited"})
+    assert not healthy({**record, "died": "the server exited with status 1 during the load"})
+    assert "mars (died)" in table([{**record, "died": "..."}])
+
+
+def test_the_clients_stop_when_the_server_is_gone():
+    from marsched.experiments.probe.load import run_clients
+
+    calls = []
+
+    def gone():
+        calls.append(1)
+        return len(calls) > 3  # each client's first look; then every later one says it died
+
+    target = Target("http://127.0.0.1:9", "m", marsched=True)  # nothing listens: every action a fault
+    outcomes = asyncio.run(run_clients(target, clients=3, duration_s=60, seed=0, server_gone=gone))
+    assert len(outcomes) == 3 and all(o.fault for o in outcomes)
 
 
 @pytest.mark.parametrize("argv, message", [

@@ -45,3 +45,14 @@ def test_a_plain_pop_or_slice_is_a_list_s():
     assert running[0:2] == ["a", "b"]
     assert running.pop() == "c"  # vLLM's reset: preempt everything, last first
     assert running.pop(0) == "a" and list(running) == ["b"]
+
+
+def test_a_request_scheduled_earlier_in_the_step_is_never_the_victim():
+    # Identical requests tie on their keys; vLLM's FCFS path cannot unschedule a victim it already
+    # scheduled this step (the engine core died on that assertion under a soak).
+    running = _order(["a", "b", "c", "d"], keys={"a": 1.0, "b": 5.0, "c": 5.0, "d": 5.0})
+    assert _vllm_preempts_for(running, 2) == ("c", "d")  # of the tie at or after the requester, the last
+    running = _order(["a", "b", "c"], keys={"a": 1.0, "b": 7.0, "c": 3.0})
+    assert _vllm_preempts_for(running, 2) == ("c", "c")  # b was scheduled before c: not a candidate
+    running = _order(["a", "b", "c"], protected={"c"}, keys={"a": 1.0, "b": 7.0, "c": 3.0})
+    assert _vllm_preempts_for(running, 2) == ("c", "c")  # every candidate protected: the requester

@@ -219,6 +219,11 @@ def test_fuzz_openai_fields_get_a_2xx_or_a_4xx_naming_the_field(server):
     """The OpenAI fields users send (seed, n, stop, logprobs, response_format, tools, tool_choice,
     max_tokens extremes, stream and its options), valid and not, a few at a time
     (`marsched.experiments.probe.fields`): each request gets a 2xx or a 4xx naming one of them."""
+    # First the cases the soak found vLLM 0.32 answering with a 500 or an unnamed 400.
+    named = {"type": "function", "function": {"name": "get_weather"}}
+    for tools, field in (([{"type": "function"}], "tools[0].function"), ("calculator", "tools")):
+        response = server.post("/v1/chat/completions", chat(server, tools=tools, tool_choice=named))
+        assert response.status_code == 400 and response.json()["error"]["param"] == field, response.text
     rng = random.Random(0)
     judged = {"2xx": 0, "4xx": 0}
     for _ in range(OPENAI_FUZZ_CASES):

@@ -256,3 +256,26 @@ def test_chars_per_token_starts_at_four_and_follows_usage():
     ratio.observe(300, 100)
     ratio.observe(0, 5)  # nothing to learn from
     assert ratio.ratio == 3.0 and ratio.tokens(30) == 10
+
+
+@pytest.mark.parametrize("tools, field", [
+    ("calculator", "tools"),
+    ([{"type": "function"}], "tools[0].function"),
+    ([{"type": "function", "function": {"name": "f"}}, 5], "tools[1]"),
+    ([{"type": "function", "function": {"parameters": {}}}], "tools[0].function.name"),
+    ([{"type": "function", "function": "f"}], "tools[0].function"),
+])
+def test_malformed_chat_tools_are_a_400_naming_the_field_before_vllm(tools, field):
+    # vLLM 0.32 answers these with a 500 (KeyError) or a 400 naming nothing when tool_choice names a function
+    app = RecordingApp()
+    middleware = PredictionMiddleware(app, None)
+    named = {"type": "function", "function": {"name": "f"}}
+    for body in (chat("x", tools=tools, tool_choice=named), chat("x", tools=tools)):
+        sent = call(middleware, body)
+        error = json.loads(sent[1]["body"])["error"]
+        assert sent[0]["status"] == 400 and error["param"] == field and error["message"].startswith(field), error
+    assert app.bodies == []
+    good = [{"type": "function", "function": {"name": "f"}}, {"function": {"name": "g", "parameters": {}}}]
+    call(middleware, chat("x", tools=good, tool_choice=named))
+    call(middleware, {"model": "m", "prompt": "p", "tools": "calculator"}, "/v1/completions")  # vLLM's to judge
+    assert len(app.bodies) == 2

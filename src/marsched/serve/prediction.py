@@ -21,7 +21,8 @@ shows (4 characters a token until one has come).
 
 A request whose body is not JSON, or whose marsched object is malformed, passes through as it
 came, for vLLM's validator to answer. A malformed alias is answered here with a 400 naming the
-field. If the model fails, the request goes on unpredicted (the scheduler then reads its plan).
+field, and so is a chat request's malformed `tools`, which vLLM would answer with a 500
+(`tool_fields.py`). If the model fails, the request goes on unpredicted (the scheduler then reads its plan).
 """
 
 from __future__ import annotations
@@ -38,6 +39,7 @@ from typing import Any
 
 from marsched.serve.asgi_body import COMPLETION_PATHS, post_body, replay_body
 from marsched.serve.program_fields import AliasError, alias_fields, merged_xargs, own_fields
+from marsched.serve.tool_fields import tools_error
 from marsched.serve.turn_text import TurnText, chat_turn, completion_turn
 
 ENV = "MARSCHED_PREDICTOR"
@@ -268,6 +270,11 @@ class PredictionMiddleware:
             body = json.loads(raw)
         except (ValueError, UnicodeDecodeError, RecursionError):
             body = None
+        if isinstance(body, dict) and scope["path"].endswith("chat/completions"):
+            wrong = tools_error(body)
+            if wrong is not None:
+                await _bad_request(send, wrong[1], wrong[0])
+                return
         xargs = body.get("vllm_xargs", {}) if isinstance(body, dict) else None
         own = own_fields(xargs) if isinstance(xargs, dict) else None
         if own is None:  # not a body we read: vLLM answers it

@@ -4,8 +4,8 @@ vLLM's FCFS scheduler, when a running request cannot grow, looks at `running[-1]
 (`Scheduler.schedule`; the request it was scheduling is `running[req_index]`). `RunningOrder`
 is that list for one step: sorted best-ranked first (the order vLLM schedules them in), and
 its last element, read by vLLM at a preemption, is the victim the one rule names: the
-lowest-ranked unprotected request, or the requester itself when every running request is
-protected. vLLM replaces the list with a plain one when requests end; the scheduler wraps it
+lowest-ranked unprotected request not yet scheduled this step (the requester and those after
+it), or the requester itself when every one of them is protected. vLLM replaces the list with a plain one when requests end; the scheduler wraps it
 again at the next step.
 """
 
@@ -31,12 +31,24 @@ class RunningOrder(list):
             return super().__getitem__(index)
         if index == -1 and self:
             requester = self._requester if self._requester is not None else super().__getitem__(-1)
-            self._victim = choose_victim(self, requester, self._is_protected, self._victim_key)
+            self._victim = choose_victim(self._not_scheduled(requester), requester, self._is_protected,
+                                         self._victim_key)
             return self._victim
         item = super().__getitem__(index)
         if index >= 0:
             self._requester = item
         return item
+
+    def _not_scheduled(self, requester: Any) -> list[Any]:
+        """The requester and the requests after it, last first (on a tie of keys the later one goes,
+        as vLLM's own FCFS preemption takes the tail): vLLM has scheduled those before it this step,
+        and its FCFS path pops a victim without unscheduling it (the step's output would then hold
+        more requests than `running`, which vLLM asserts against). The order puts the victim there
+        anyway, except on a tie of keys with an earlier request."""
+        for position in range(len(self)):
+            if super().__getitem__(position) is requester:
+                return super().__getitem__(slice(position, None))[::-1]
+        return list(self)[::-1]
 
     @property
     def requester(self) -> Any:

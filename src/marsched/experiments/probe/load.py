@@ -11,21 +11,27 @@ from typing import Any, Callable
 from marsched.experiments.probe.actions import REQUEST_TIMEOUT_S, Outcome, Target, choose, run_action
 
 PROGRESS_EVERY_S = 30.0
+KEEPALIVE_S = 2.0
 
 
 async def run_clients(target: Target, clients: int, duration_s: float, seed: int,
-                      progress: Callable[[str], None] | None = None) -> list[Outcome]:
+                      progress: Callable[[str], None] | None = None,
+                      server_gone: Callable[[], bool] | None = None) -> list[Outcome]:
     """`clients` clients, each running actions back to back (`actions.choose`, its own seeded
-    generator) until `duration_s` has passed; every outcome, in the order they ended."""
+    generator) until `duration_s` has passed, or until `server_gone()` says the server died (its
+    refusals would be counted by the thousand); every outcome, in the order they ended."""
     import httpx
 
     outcomes: list[Outcome] = []
     deadline = time.monotonic() + duration_s
-    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients)
+    # A connection idle past the server's keep-alive (uvicorn's 5 s, httpx's default too) may be
+    # closed by the server just as the client sends on it: reused only while well inside it.
+    limits = httpx.Limits(max_connections=clients + 8, max_keepalive_connections=clients,
+                          keepalive_expiry=KEEPALIVE_S)
 
     async def client_loop(index: int, client: Any) -> None:
         rng = random.Random(seed * 100_003 + index)
-        while time.monotonic() < deadline:
+        while time.monotonic() < deadline and not (server_gone and server_gone()):
             outcomes.append(await run_action(client, target, choose(rng, target), rng))
 
     async def report() -> None:

@@ -48,8 +48,8 @@ def healthy(record: dict[str, Any]) -> bool:
     """No fault, no engine death, nothing held after the wait."""
     left = record.get("after_idle") or {}
     summary = record.get("summary") or {}
-    return ("error" not in record and summary.get("faults") == 0 and left.get("alive") is True
-            and left.get("health") is True and not leaks(left))
+    return ("error" not in record and "died" not in record and summary.get("faults") == 0
+            and left.get("alive") is True and left.get("health") is True and not leaks(left))
 
 
 def run_config(config: str, engine: Engine, args: argparse.Namespace, out: Path, workdir: Path) -> dict[str, Any]:
@@ -71,7 +71,11 @@ def run_config(config: str, engine: Engine, args: argparse.Namespace, out: Path,
         print(f"[{config}] {args.clients} clients for {args.duration:g} s", flush=True)
         sampler = RssSampler(server.process.pid)
         outcomes = asyncio.run(run_clients(target, args.clients, args.duration, args.seed,
-                                           progress=lambda line: print(f"[{config}] {line}", flush=True)))
+                                           progress=lambda line: print(f"[{config}] {line}", flush=True),
+                                           server_gone=lambda: server.process.poll() is not None))
+        if server.process.poll() is not None:
+            record["died"] = f"the server exited with status {server.process.returncode} during the load"
+            print(f"[{config}] {record['died']}; see {server.log}", flush=True)
         record["rss"] = sampler.stop()
         record["summary"] = summarize(outcomes)
         print(f"[{config}] load done ({record['summary']['faults']} faults); waiting {args.idle_s:g} s", flush=True)
@@ -89,7 +93,7 @@ def table(records: list[dict[str, Any]]) -> str:
         st = s.get("statuses") or {}
         held = leaks(left) if r["config"] == "mars" else {"kv_cache_usage": left.get("kv_cache_usage")}
         lines.append(
-            f"| {r['config']} | {s.get('actions_run', '–')} | {s.get('requests', '–')} "
+            f"| {r['config']}{' (died)' if 'died' in r else ''} | {s.get('actions_run', '–')} | {s.get('requests', '–')} "
             f"| {st.get('2xx', 0)} / {st.get('4xx', 0)} / {st.get('5xx', 0)} / {st.get('no answer', 0)} "
             f"| {s.get('faults', '–')} | {left.get('alive', '–')}, {left.get('health', '–')} "
             f"| {fmt(rss.get('start_mib'), 0)} / {fmt(rss.get('peak_mib'), 0)} / {fmt(rss.get('end_mib'), 0)} "
