@@ -562,12 +562,25 @@ def test_a_url_that_does_not_answer(tmp_path):
     (("--gap-scale", "-1"), "--gap-scale -1"),
     (("--max-gap-s", "-1"), "--max-gap-s -1"),
     (("--rate", "0.001", "--duration", "1"), "no conversation arrives"),
+    (("--sessions", "some"), "--sessions 'some': give one of all, held-out"),
+    (("--workload", "claude-code", "--sessions", "held-out"), "--sessions held-out: only for --workload agent-text"),
     (("--out", "/"), "--out /: is a directory"),
 ])
 def test_bad_flags_are_one_line_and_exit_2(args, message):
     run = loadgen("http://127.0.0.1:9", *args)
     assert run.returncode == 2, run.stderr
     assert message in run.stderr and len(run.stderr.strip().splitlines()) == 1
+
+
+def test_held_out_sessions_are_exactly_those_the_agent_head_never_trained_on():
+    from marsched.loadgen.options import LoadgenOptions, load_sessions
+
+    record = json.loads((Path(__file__).parents[1] / "src/marsched/predict/heads/agent/train.json").read_text())
+    held = load_sessions(LoadgenOptions("http://x", sessions="held-out"))
+    assert sorted(s.key for s in held) == sorted(record["held_out_sessions"]) and len(held) == 14
+    assert not {s.key for s in held} & set(record["train_sessions"])
+    miniswe = load_sessions(LoadgenOptions("http://x", workload="agent-text:miniswe", sessions="held-out"))
+    assert miniswe and {s.key for s in miniswe} < {s.key for s in held}
 
 
 def test_a_bad_url_is_one_line_and_exit_2():

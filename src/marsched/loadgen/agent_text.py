@@ -148,3 +148,10 @@ def _record(line: str, number: int, source: str) -> dict:
     if not isinstance(sid, str) or not sid or "/" in sid or len(sid) > 128:
         raise AgentTextError(f"{where}: session_id: must be 1 to 128 characters without '/', got {sid!r}")
     return record
+
+
+def held_out_keys() -> frozenset[str]:
+    """The session keys the packaged agent head (`learned:agent`) held out of its training, as
+    its training record lists them: replaying only these measures it on sessions it never saw."""
+    record = files("marsched.predict") / "heads" / "agent" / "train.json"
+    return frozenset(json.loads(record.read_text())["held_out_sessions"])

@@ -105,6 +105,8 @@ def loadgen(
     turn_chars: Annotated[int, typer.Option(help="agent-text only: cut every turn's new text and every reply to "
                                                  "its first N characters, prompts rebuilt from the cut pieces "
                                                  "(0: whole turns).")] = 0,
+    sessions: Annotated[str, typer.Option(help="agent-text only: all, or held-out (only the sessions the "
+                                               "packaged agent head never trained on).")] = "all",
     max_tokens: Annotated[int, typer.Option(help="Every turn's max_tokens: one fixed cap, so that it tells "
                                                  "the scheduler nothing of the reply's length.")] = 4096,
     conversation_keys: Annotated[bool, typer.Option(help="Send vllm_xargs.marsched = {\"conversation\": ID} "
@@ -122,7 +124,7 @@ def loadgen(
     Conversations arrive as a Poisson process; inside each, the next turn is sent when the previous reply has ended and the trace's tool gap has passed. With the server's bench processor (marsched serve --bench-reply-lengths) every reply has the trace's length. Ctrl-C stops the run and keeps what was measured. docs/loadgen.md has the details.
     """
     options = LoadgenOptions(url, workload, model, rate, duration, seed, gap_scale, max_gap_s, token_scale,
-                             max_turns, max_tokens, conversation_keys, request_timeout, turn_chars)
+                             max_turns, max_tokens, conversation_keys, request_timeout, turn_chars, sessions)
     root = checked(options.check)
     check_outputs(out=out, plot=plot)
     sessions = checked(lambda: load_sessions(options))

@@ -7,13 +7,15 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from marsched.bench.options import check_nonnegative, check_positive, check_seed
-from marsched.loadgen.agent_text import SETS, load_agent_text
+from marsched.loadgen.agent_text import SETS, held_out_keys, load_agent_text
 from marsched.loadgen.client import base_url
 from marsched.loadgen.session import Session
 
 AGENT_TEXT = "agent-text"
 CLAUDE_CODE = "claude-code"
 WORKLOADS = (AGENT_TEXT, *(f"{AGENT_TEXT}:{name}" for name in SETS), CLAUDE_CODE)
+ALL_SESSIONS, HELD_OUT = "all", "held-out"
+SESSION_CHOICES = (ALL_SESSIONS, HELD_OUT)
 
 
 @dataclass(frozen=True, slots=True)
@@ -32,6 +34,7 @@ class LoadgenOptions:
     conversation_keys: bool = True
     request_timeout_s: float = 600.0
     turn_chars: int = 0  # agent-text only: cut every turn's new text and reply to this many characters; 0: off
+    sessions: str = ALL_SESSIONS  # agent-text only: "held-out", the sessions the packaged agent head never saw
 
     def check(self) -> str:
         """The server's root URL; ValueError naming the flag of the first bad value."""
@@ -53,6 +56,11 @@ class LoadgenOptions:
         if self.turn_chars and self.workload == CLAUDE_CODE:
             raise ValueError(f"--turn-chars {self.turn_chars}: only for --workload {AGENT_TEXT} "
                              "(claude-code has token counts: use --token-scale)")
+        if self.sessions not in SESSION_CHOICES:
+            raise ValueError(f"--sessions {self.sessions!r}: give one of {', '.join(SESSION_CHOICES)}")
+        if self.sessions == HELD_OUT and self.workload == CLAUDE_CODE:
+            raise ValueError(f"--sessions {HELD_OUT}: only for --workload {AGENT_TEXT} (the agent head "
+                             "trained on agent-text sessions)")
         if self.max_turns < 0:
             raise ValueError(f"--max-turns {self.max_turns}: give 0 (every turn) or a number >= 1")
         if self.max_tokens < 1:
@@ -73,7 +81,8 @@ class LoadgenOptions:
 
 
 def load_sessions(options: LoadgenOptions) -> list[Session]:
-    """The workload's sessions, cut to --max-turns."""
+    """The workload's sessions (with --sessions held-out, only those the packaged agent head held
+    out of its training), cut to --max-turns."""
     if options.workload == CLAUDE_CODE:
         from marsched.loadgen.claude_code import load_claude_code
 
@@ -81,4 +90,7 @@ def load_sessions(options: LoadgenOptions) -> list[Session]:
     else:
         _, _, name = options.workload.partition(":")
         sessions = load_agent_text((name,) if name else SETS, options.turn_chars)
+        if options.sessions == HELD_OUT:
+            held = held_out_keys()
+            sessions = [session for session in sessions if session.key in held]
     return [session.first_turns(options.max_turns) for session in sessions]

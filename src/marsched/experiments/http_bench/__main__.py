@@ -16,7 +16,7 @@ from pathlib import Path
 
 from marsched.experiments.http_bench.configs import CONFIGS, DEFAULT_ENGINE, Engine, check_configs, pin_seconds
 from marsched.experiments.http_bench.run import Plan, progress, run_plan
-from marsched.loadgen.options import CLAUDE_CODE, WORKLOADS, LoadgenOptions, load_sessions
+from marsched.loadgen.options import CLAUDE_CODE, SESSION_CHOICES, WORKLOADS, LoadgenOptions, load_sessions
 
 # The default workload: agent-text turns bounded so that a conversation fits the tiny model's 4,096
 # tokens (8 turns of 400 characters: a last context of 2,300 of its tokens, median, at most 2,800) while
@@ -41,6 +41,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--turn-chars", type=int, default=None,
                    help=f"agent-text: cut each turn's new text and reply to N characters (default {TURN_CHARS}; "
                         "0: whole turns)")
+    p.add_argument("--sessions", default="all", choices=SESSION_CHOICES,
+                   help="agent-text: held-out replays only the sessions the packaged agent head never trained on")
     p.add_argument("--max-turns", type=int, default=MAX_TURNS, help="per conversation; 0: all")
     p.add_argument("--gap-scale", type=float, default=1.0)
     p.add_argument("--max-gap-s", type=float, default=MAX_GAP_S, help="cap of every tool gap; <0: none")
@@ -65,7 +67,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
                                                                          else TURN_CHARS)
     load = LoadgenOptions("http://127.0.0.1:1", args.workload, None, args.rate, args.duration, args.seed,
                           args.gap_scale, args.max_gap_s if args.max_gap_s >= 0 else None, args.token_scale,
-                          args.max_turns, args.max_tokens, True, args.request_timeout, turn_chars)
+                          args.max_turns, args.max_tokens, True, args.request_timeout, turn_chars, args.sessions)
     load.check()
     if args.repeats < 1:
         raise ValueError(f"--repeats {args.repeats}: give a number >= 1")

@@ -32,7 +32,7 @@ from marsched.experiments.http_bench.engine_queue import QueueSampler
 from marsched.experiments.http_bench.order import Slot, run_order
 from marsched.experiments.http_bench.records import RunRecord
 from marsched.experiments.http_bench.summary import markdown, summarize
-from marsched.loadgen.options import CLAUDE_CODE, LoadgenOptions
+from marsched.loadgen.options import ALL_SESSIONS, CLAUDE_CODE, LoadgenOptions
 from marsched.serve.launch import free_port
 
 INTERRUPTED_EXIT = 130
@@ -76,6 +76,8 @@ def loadgen_command(load: LoadgenOptions, url: str, report: Path) -> list[str]:
         command += ["--token-scale", repr(load.token_scale)]
     if load.turn_chars:
         command += ["--turn-chars", str(load.turn_chars)]
+    if load.sessions != ALL_SESSIONS:
+        command += ["--sessions", load.sessions]
     if not load.conversation_keys:
         command.append("--no-conversation-keys")
     return command
