@@ -29,11 +29,13 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 QUESTION = " ".join(["what is the weather in paris today, and should I take an umbrella"] * 4)
 CONVERSATIONS, TOOL_TURNS = 12, 2
+LIMIT_S = 15.0  # the retention limit: far past any follow-up here, short enough to wait out once
 
 
 @pytest.fixture(scope="module")
 def server(tiny_model, tmp_path_factory):
-    running = Server(tiny_model, tmp_path_factory.mktemp("dp"), vllm_args=("--data-parallel-size", "2", *TOOL_ARGS))
+    running = Server(tiny_model, tmp_path_factory.mktemp("dp"), serve_args=("--retention-limit-s", str(LIMIT_S)),
+                     vllm_args=("--data-parallel-size", "2", *TOOL_ARGS))
     try:
         running.wait_ready()
         yield running
@@ -156,6 +158,32 @@ def test_a_turn_a_stop_string_ended_is_kept_on_its_rank(server):
     wait_for(lambda: ranks(server)[rank]["scheduler"]["retained_preserve"] == 1, "the stopped turn kept")
     assert server.client.delete(server.url + "/marsched/conversations/dp-stop").status_code == 202
     wait_for(lambda: ranks(server)[rank]["scheduler"]["retained_preserve"] == 0, "the release")
+
+
+def test_retentions_that_end_on_idle_ranks_are_all_shown_freed(server):
+    # Turns kept moments apart end moments apart: each ending wakes its idle rank for one step,
+    # too soon after the last for the periodic publish, so the ending itself must publish.
+    import threading
+
+    names = [f"dp-abandoned-{i}" for i in range(4)]
+
+    def abandoned(name: str) -> None:
+        with openai.OpenAI(base_url=server.url + "/v1", api_key="unused", max_retries=0, timeout=120) as client:
+            tool_turn(client, server.model, [{"role": "user", "content": f"{name} {QUESTION}"}], name, f"{name}-t0",
+                      strategy="swap")
+
+    threads = [threading.Thread(target=abandoned, args=(name,)) for name in names]
+    for thread in threads:
+        thread.start()
+        time.sleep(0.15)
+    for thread in threads:
+        thread.join()
+    kept_t = time.monotonic()
+    wait_for(lambda: sum(r["scheduler"]["retained_swap"] for r in ranks(server)) == 4, "four kept turns")
+    time.sleep(max(kept_t + LIMIT_S + 3 - time.monotonic(), 0))
+    for rank in ranks(server):
+        held = {k: v for k, v in rank["scheduler"].items() if k.startswith("retained_") and v}
+        assert not held and rank["host_bytes"] == 0, (rank["rank"], held, rank["host_bytes"])
 
 
 def test_each_rank_writes_its_own_complete_trace(server):

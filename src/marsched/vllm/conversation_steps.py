@@ -140,7 +140,10 @@ class ConversationSteps:
 
     def _tend_kept(self, now: float) -> None:
         """Each step: end expired retentions, and give way to the head of the queue if it does not fit."""
-        self._keeper.expire(now)
+        if self._keeper.expire(now) and self._swapper is not None:
+            # Often the only step of an idle engine: without this it would not publish the counters,
+            # and /marsched/state would show the ended retentions as kept until the next request.
+            self._swapper.snapshot_dirty = True
         self._arm_expiry(now)
         if not self._keeper.kept or not len(self.waiting):
             return

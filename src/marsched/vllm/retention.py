@@ -245,12 +245,15 @@ class ConversationKeeper:
         self._drop_host(kept)
         return True
 
-    def expire(self, now: float) -> None:
-        """End the retentions past their time limit."""
+    def expire(self, now: float) -> int:
+        """End the retentions past their time limit; how many."""
+        ended = 0
         for conversation, kept in list(self.kept.items()):
             if kept.expires_t <= now:
                 self.release(conversation, counted=False)
                 self.stats.expired += 1
+                ended += 1
+        return ended
 
     def relieve(self, free_blocks: int, needed_blocks: int) -> int:
         """Release Preserve retentions, oldest first, until `needed_blocks` are free; returns how many."""
