@@ -112,8 +112,11 @@ def test_the_clients_stop_when_the_server_is_gone():
     (["--configs", "vllm,sglang"], "--configs: unknown sglang"),
     (["--clients", "0"], "--clients must be > 0"),
     (["--idle-s", "10", "--retention-limit-s", "30"], "--idle-s (10) must exceed --retention-limit-s (30)"),
+    (["--out", "/dev/full"], "--out /dev/full: not a directory"),
+    (["--out", "/proc/marsched-probe"], "--out /proc/marsched-probe: cannot create it"),
 ])
-def test_the_command_line_refuses_what_cannot_run(argv, message, capsys):
+def test_the_command_line_refuses_what_cannot_run(argv, message, capsys, tmp_path):
+    argv = [*argv, "--out", str(tmp_path / "out")] if "--out" not in argv else argv
     with pytest.raises(SystemExit) as stopped:
         parse(argv)
     assert stopped.value.code == 2 and message in capsys.readouterr().err

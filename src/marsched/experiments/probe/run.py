@@ -127,6 +127,15 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     if args.idle_s <= args.retention_limit_s:
         p.error(f"--idle-s ({args.idle_s:g}) must exceed --retention-limit-s ({args.retention_limit_s:g}): "
                 "what clients abandon is freed only at the limit")
+    out = Path(args.out)
+    if out.exists() and not out.is_dir():
+        p.error(f"--out {out}: not a directory (the records go in it, one file per configuration)")
+    try:
+        out.mkdir(parents=True, exist_ok=True)
+    except OSError as error:
+        p.error(f"--out {out}: cannot create it ({error.strerror})")
+    if not os.access(out, os.W_OK):
+        p.error(f"--out {out}: not writable")
     args.configs = configs
     return args
 
@@ -140,7 +149,6 @@ def main(argv: list[str] | None = None) -> int:
     signal.signal(signal.SIGTERM, _interrupt)  # ends the run like Ctrl-C: the server is stopped
     signal.signal(signal.SIGINT, signal.default_int_handler)
     out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     model = args.model or build_model(Path(args.model_dir))
     engine = Engine(model=model, kv_blocks=args.kv_blocks, extra=tuple(args.vllm_arg))
     records = []
