@@ -5,8 +5,8 @@ vLLM's FCFS scheduler, when a running request cannot grow, looks at `running[-1]
 is that list for one step: sorted best-ranked first (the order vLLM schedules them in), and
 its last element, read by vLLM at a preemption, is the victim the one rule names: the
 lowest-ranked unprotected request not yet scheduled this step (the requester and those after
-it), or the requester itself when every one of them is protected. vLLM replaces the list with a plain one when requests end; the scheduler wraps it
-again at the next step.
+it), or the requester itself when every one of them is protected. vLLM replaces the list with
+a plain one when requests end; the scheduler wraps it again at the next step.
 """
 
 from __future__ import annotations

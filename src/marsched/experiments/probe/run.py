@@ -93,7 +93,8 @@ def table(records: list[dict[str, Any]]) -> str:
         st = s.get("statuses") or {}
         held = leaks(left) if r["config"] == "mars" else {"kv_cache_usage": left.get("kv_cache_usage")}
         lines.append(
-            f"| {r['config']}{' (died)' if 'died' in r else ''} | {s.get('actions_run', '–')} | {s.get('requests', '–')} "
+            f"| {r['config']}{' (died)' if 'died' in r else ''} "
+            f"| {s.get('actions_run', '–')} | {s.get('requests', '–')} "
             f"| {st.get('2xx', 0)} / {st.get('4xx', 0)} / {st.get('5xx', 0)} / {st.get('no answer', 0)} "
             f"| {s.get('faults', '–')} | {left.get('alive', '–')}, {left.get('health', '–')} "
             f"| {fmt(rss.get('start_mib'), 0)} / {fmt(rss.get('peak_mib'), 0)} / {fmt(rss.get('end_mib'), 0)} "
