@@ -230,6 +230,19 @@ def test_a_misreported_counter_is_caught(tmp_path):
     only(audit_events(tmp_path / "t.jsonl", events), Check.STARVATION, "does not count waiting as declared")
 
 
+def test_a_counter_carried_in_at_arrival_is_counted(tmp_path):
+    # A later turn of a program over HTTP starts with its program's wait (`carried` on `arrive`),
+    # and every stay of it counts from there (a threshold no stay reaches: no promotion resets it).
+    events = stressed(tmp_path, starvation_threshold=100_000)
+    rid = next(e["rid"] for e in events if e["event"] == "admit")
+    for admit in (e for e in events if e["event"] == "admit" and e["rid"] == rid):
+        admit["counter"] += 2
+    only(audit_events(tmp_path / "t.jsonl", events), Check.STARVATION, "does not count waiting as declared")
+    next(e for e in events if e["event"] == "arrive" and e["rid"] == rid)["carried"] = 2
+    result = audit_events(tmp_path / "t.jsonl", events)
+    assert result.clean, "\n".join(map(str, result.violations))
+
+
 def test_a_promotion_before_the_threshold_is_caught(tmp_path):
     events = stressed(tmp_path, starvation_threshold=10)
     assert "promote" in kinds(events)

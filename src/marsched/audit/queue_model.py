@@ -5,7 +5,8 @@ Rebuilt from events alone, so that the order and starvation checks compare what 
 reported (`score`, `promoted`, `counter`) with what its own events imply. The counting rule
 is `marsched.policy.queue.WaitingQueue`'s, read from the trace's declaration: a request's
 counter is the time it spent in the queue (iterations or seconds) since it arrived or was
-last promoted, carried across preemptions and calls; under `requeued` only stays after it
+last promoted, carried across preemptions and calls (and, for a later turn of a program, from
+its arrival's `carried`); under `requeued` only stays after it
 first ran count; a promotion resets the counter unless it is for life, and a request
 promoted for life goes to the promoted lane at every later stay.
 """
@@ -58,6 +59,8 @@ class QueueModel:
         kind = e["event"]
         if kind == "arrive":
             self.arrival[e["rid"]] = e["arrival_s"]
+            if e.get("carried"):  # a later turn of a program: its program's wait so far
+                self.carried[e["rid"]] = float(e["carried"])
             self._enter(line)
         elif kind == "preempt":
             self._enter(line)

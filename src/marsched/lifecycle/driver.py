@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from marsched.metrics.trace import SCHEMA_VERSION, EventTrace, event_fields
 from marsched.policy.load import EngineLoad
-from marsched.policy.policy import Policy
+from marsched.policy.policy import Policy, StarvationClock
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.strategy import Strategy
 from marsched.policy.trace_fields import declaration, key_basis
@@ -146,8 +146,13 @@ class CallLifecycle:
     def arrived(self, handle: Any, arrival_s: float, prompt_tokens: int) -> None:
         """Taken in at the iteration boundary (`t`); `arrival_s` is when it arrived. The engine
         then starts its first segment (`start_segment`)."""
+        progress = handle.progress
+        seconds = self.policy.starvation.clock is StarvationClock.SECONDS
+        carried = progress.waited_s if seconds else progress.waited_iterations
+        # A turn of a program (marsched.vllm.programs) starts with the wait its program carried.
+        extra = {"carried": carried} if carried else {}
         self.emit("arrive", handle, arrival_s=arrival_s, prompt_tokens=prompt_tokens,
-                  segments=len(handle.progress.request.segments))
+                  segments=len(progress.request.segments), **extra)
 
     def start_segment(self, handle: Any, queue: str, source: str = "plan") -> None:
         """A segment becomes current (arrival, call return): predict, and fix the strategy if the

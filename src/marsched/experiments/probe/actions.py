@@ -105,8 +105,9 @@ async def release(client, target, rng, outcome) -> None:
 
 
 async def disconnect(client, target, rng, outcome) -> None:
-    """A streamed turn the client leaves after its first chunk (or before any)."""
-    cid = f"probe-{rng.getrandbits(64):016x}"
+    """A streamed turn the client leaves after its first chunk (or before any). A reply that ended
+    before the client left is a finished turn, kept until the retention limit: the outcome names it."""
+    cid = outcome.conversation = f"probe-{rng.getrandbits(64):016x}"
     body = {"model": target.model, "messages": [{"role": "user", "content": "tell me a long story"}],
             "max_tokens": 200, "stream": True,
             "vllm_xargs": {"marsched": json.dumps({"conversation": cid, "tool_s": 1.0})}}
