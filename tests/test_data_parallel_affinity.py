@@ -253,3 +253,11 @@ def test_marking_stop_string_ends_also_routes_them_under_data_parallelism():
     ended = engine.output_processor.process_outputs()
     asyncio.run(core.abort_requests_async(ended.reqs_to_abort))
     assert sent == [(1, ["r1", STOPPED_PREFIX + "r1"])]
+
+
+def test_a_ranks_load_is_read_from_its_published_state_and_junk_reads_as_zero():
+    state = {"memory_time_in_flight": 1234.5, "tracked": 7, "waiting": 3, "running": 4, "device_usage": 0.625}
+    assert RankLoad.from_state(state) == RankLoad(memory_time=1234.5, tracked=7, waiting=3, running=4, kv_usage=0.625)
+    junk = {"memory_time_in_flight": "lots", "tracked": True, "waiting": None, "running": [1], "device_usage": {}}
+    assert RankLoad.from_state(junk) == RankLoad() == RankLoad.from_state({})
+    assert RankLoad.from_state({"tracked": 2.0, "waiting": 1}) == RankLoad(tracked=2, waiting=1)
