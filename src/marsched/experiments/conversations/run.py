@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import argparse
 import asyncio
-import json
 import os
 import signal
 import subprocess
@@ -89,6 +88,13 @@ def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
+def stop_on_signals() -> None:
+    """SIGTERM ends the run like Ctrl-C does: the `finally` blocks stop the running server. A shell
+    starts background jobs with SIGINT ignored; Ctrl-C (or kill -INT) must still stop the run."""
+    signal.signal(signal.SIGTERM, _interrupt)
+    signal.signal(signal.SIGINT, signal.default_int_handler)
+
+
 def main(args: argparse.Namespace) -> int:
     """Run the configurations `args` (scripts/conversation_bench.py's options) names; 0 if every one ran."""
     configs = [c.strip() for c in args.configs.split(",") if c.strip()]
@@ -98,10 +104,7 @@ def main(args: argparse.Namespace) -> int:
     unknown = [c for c in configs if c not in CONFIGS]
     if unknown:
         raise SystemExit(f"--configs: unknown {', '.join(unknown)}; give some of {', '.join(CONFIGS)}")
-    # SIGTERM ends the run like Ctrl-C does: the finally blocks stop the running server.
-    signal.signal(signal.SIGTERM, _interrupt)
-    # A shell starts background jobs with SIGINT ignored; Ctrl-C (or kill -INT) must still stop the run.
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_on_signals()
     model = args.model or build_model(Path(args.model_dir))
     load = Load(rate=args.rate, duration_s=args.duration, prompt_tokens=args.prompt_tokens, tool_turns=args.tool_turns,
                 tool_median_s=args.tool_median_s, tool_sigma=args.tool_sigma, result_tokens=args.result_tokens,

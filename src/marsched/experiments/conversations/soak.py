@@ -25,6 +25,11 @@ from marsched.experiments.conversations.servers import get
 
 RSS_EVERY_S = 5.0
 MIB = 1 << 20
+# What a marsched server may still hold after the idle wait, summed over its ranks (`after_idle`):
+# its scheduler's counters, then the host bytes and the device blocks in use.
+SCHEDULER_HELD = ("retained_preserve", "retained_swap", "retained_device_blocks", "retained_host_tokens", "paused",
+                  "tracked", "running", "waiting")
+HELD = (*SCHEDULER_HELD, "host_bytes", "device_blocks_used")
 
 
 class RssSampler:
@@ -78,9 +83,7 @@ def after_idle(url: str, process: Any, idle_s: float) -> dict[str, Any]:
     if state is not None:
         answer = json.loads(state)
         ranks = answer.get("ranks") or [answer]
-        keys = ("retained_preserve", "retained_swap", "retained_device_blocks", "retained_host_tokens", "paused",
-                "tracked", "running", "waiting")
-        for key in keys:
+        for key in SCHEDULER_HELD:
             left[key] = sum(int((rank.get("scheduler") or {}).get(key) or 0) for rank in ranks)
         left["host_bytes"] = sum(int(rank.get("host_bytes") or 0) for rank in ranks)
         left["device_blocks_used"] = sum(int((rank.get("scheduler") or {}).get("device_total_blocks") or 0)

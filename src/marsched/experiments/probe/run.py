@@ -15,7 +15,6 @@ from __future__ import annotations
 import argparse
 import asyncio
 import os
-import signal
 import sys
 import tempfile
 import time
@@ -25,22 +24,20 @@ from typing import Any
 
 from marsched.experiments.conversations.load import DEFAULT_LOAD
 from marsched.experiments.conversations.report import fmt
-from marsched.experiments.conversations.run import build_model, commit, versions
+from marsched.experiments.conversations.run import build_model, commit, stop_on_signals, versions
 from marsched.experiments.conversations.servers import CHAT_TEMPLATE, Engine, recorded_server, server_command
-from marsched.experiments.conversations.soak import RssSampler, after_idle
+from marsched.experiments.conversations.soak import HELD, RssSampler, after_idle
 from marsched.experiments.probe.actions import Target
 from marsched.experiments.probe.load import run_clients, summarize
 from marsched.experiments.probe.tools import TOOLS, write_tools_file
 from marsched.serve.launch import free_port
 
 CONFIGS = ("vllm", "mars")
-# What a server may still hold after the idle wait: any of these above zero is a leak.
-HELD = ("retained_preserve", "retained_swap", "retained_device_blocks", "retained_host_tokens", "paused", "tracked",
-        "running", "waiting", "host_bytes", "device_blocks_used")
 
 
 def leaks(left: dict[str, Any]) -> dict[str, Any]:
-    """What `after_idle` found still held (marsched's counters; stock vLLM has none of them)."""
+    """What `after_idle` found still held: any of `HELD` above zero (marsched's counters; stock vLLM
+    has none of them)."""
     return {key: left[key] for key in HELD if left.get(key)}
 
 
@@ -141,14 +138,9 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     return args
 
 
-def _interrupt(signum: int, frame: Any) -> None:
-    raise KeyboardInterrupt
-
-
 def main(argv: list[str] | None = None) -> int:
     args = parse(argv)
-    signal.signal(signal.SIGTERM, _interrupt)  # ends the run like Ctrl-C: the server is stopped
-    signal.signal(signal.SIGINT, signal.default_int_handler)
+    stop_on_signals()
     out = Path(args.out)
     model = args.model or build_model(Path(args.model_dir))
     engine = Engine(model=model, kv_blocks=args.kv_blocks, extra=tuple(args.vllm_arg))

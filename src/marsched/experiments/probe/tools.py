@@ -12,8 +12,9 @@ import random
 import time
 from pathlib import Path
 
-CITY = {"type": "object", "properties": {"city": {"type": "string", "enum": ["paris", "oslo"]}},
-        "required": ["city"], "additionalProperties": False}
+from marsched.experiments.probe.fields import WEATHER
+
+CITY = WEATHER["function"]["parameters"]  # arguments the random-weight model fills (fields.py)
 HANG_S = 30.0  # far past its timeout: the call holds one of its tool's threads that long
 
 
