@@ -20,7 +20,7 @@ from typing import Any, Protocol
 
 from marsched.metrics.trace import SCHEMA_VERSION, EventTrace, event_fields
 from marsched.policy.load import EngineLoad
-from marsched.policy.policy import Policy, StarvationClock
+from marsched.policy.policy import Policy
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.strategy import Strategy
 from marsched.policy.trace_fields import declaration, key_basis
@@ -147,9 +147,8 @@ class CallLifecycle:
         """Taken in at the iteration boundary (`t`); `arrival_s` is when it arrived. The engine
         then starts its first segment (`start_segment`)."""
         progress = handle.progress
-        seconds = self.policy.starvation.clock is StarvationClock.SECONDS
-        carried = progress.waited_s if seconds else progress.waited_iterations
         # A turn of a program (marsched.vllm.programs) starts with the wait its program carried.
+        carried = self.policy.starvation.carried(progress)
         extra = {"carried": carried} if carried else {}
         self.emit("arrive", handle, arrival_s=arrival_s, prompt_tokens=prompt_tokens,
                   segments=len(progress.request.segments), **extra)

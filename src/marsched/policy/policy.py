@@ -119,6 +119,10 @@ class StarvationConfig:
         """How much longer than `threshold` this request waits before promotion (per-service rules)."""
         return self.threshold * (max(progress.attained_iterations, 1) - 1) if self.per_service else 0.0
 
+    def carried(self, progress: RequestProgress) -> float:
+        """The count this request carries while out of the queue, in this rule's clock."""
+        return progress.waited_s if self.clock is StarvationClock.SECONDS else progress.waited_iterations
+
     def counts_for(self, progress: RequestProgress) -> bool:
         """Whether this request's waiting counts towards promotion."""
         return self.enabled and (self.counts is StarvationCount.ALL_WAITING or progress.ran_before)

@@ -93,9 +93,7 @@ class WaitingQueue:
             work = predicted_work_tokens(progress.request.prompt_tokens, progress.predictions)
             self._fcfs.arrive(progress.request_id, load.now_s, work)
         counted = self.policy.starvation.counts_for(progress)
-        clock = self.policy.starvation.clock
-        waited = progress.waited_s if clock is StarvationClock.SECONDS else progress.waited_iterations
-        since = self._clock(iteration, load.now_s) - waited
+        since = self._clock(iteration, load.now_s) - self.policy.starvation.carried(progress)
         form = self.policy.queue_key_form(progress, load)
         due = since + self.policy.starvation.offset(progress) if counted else since
         entry = _Entry(progress, form, form.at(load.iteration_s), load, since, due, counted)
