@@ -20,8 +20,9 @@ Routing rules (`Routing`):
   memory × time is over `AFFINITY_BALANCE` × the replicas' mean (the shape of vllm-project/router's
   `cache_aware` balance rule), else as `mars`.
 
-The simulator keeps no KV across requests (no prefix cache): what a replica held of a
-conversation's previous task is never reused, so affinity costs balance here and gains nothing.
+The simulator keeps no KV across requests (its prefix cache knows a block by the request that
+computed it): what a replica held of a conversation's previous task is never reused, so affinity
+costs balance here and gains nothing (docs/simulator.md says what showing its gain would need).
 """
 
 from __future__ import annotations
