@@ -530,3 +530,32 @@ def test_the_watch_reads_only_what_can_hold_a_tool_call():
     several.feed({"type": "http.response.start", "status": 200, "headers": []})
     several.feed({"type": "http.response.body", "body": reply("a", "b", n=2)})
     assert several.tools() == ["a", "b", "a", "b"]  # every choice's (the hint keeps them once)
+
+
+def test_a_follow_up_waiting_behind_a_head_that_does_not_fit_gives_its_pinned_blocks_back():
+    # A follow-up arrived (claimed its kept turn) but waits behind a head that needs room: nothing
+    # else frees its pins, so an engine with nothing running would wait for ever.
+    keeper, blocks = keeper_with(Strategy.PRESERVE)
+    for b in blocks:
+        b.ref_cnt -= 1  # the finished turn's own references are gone: only the keeper's pin is left
+    keeper.claim("c", "follow-up", list(range(16)), 1.0)
+    assert keeper.relieve(0, 2, head_rid="follow-up") == 0  # at the head, it needs its own blocks
+    assert all(b.ref_cnt == 1 for b in blocks)
+    assert keeper.relieve(1, 1, head_rid="other") == 0  # enough is free already
+    assert keeper.relieve(0, 2, head_rid="other") == 1
+    assert all(b.ref_cnt == 0 for b in blocks) and keeper.snapshot()["retention_yielded"] == 1
+    keeper.scheduled("follow-up", 8)  # later scheduled: nothing left to unpin, its reuse still counted
+    assert all(b.ref_cnt == 0 for b in blocks) and keeper.stats.reused_tokens == 8
+    assert keeper.relieve(0, 2, head_rid="other") == 0
+
+
+def test_unclaimed_preserves_give_way_before_waiting_follow_ups():
+    keeper, claimed = keeper_with(Strategy.PRESERVE)
+    keeper.claim("c", "follow-up", list(range(16)), 1.0)
+    kept_blocks = [Block(10 + i) for i in range(3)]
+    assert keeper.keep("d", "r2", list(range(12)), 12, kept_blocks, Strategy.PRESERVE, 2.0, 60.0) is not None
+    for b in claimed + kept_blocks:
+        b.ref_cnt -= 1
+    assert keeper.relieve(0, 3, head_rid="other") == 1  # the unclaimed turn's three blocks suffice
+    assert "d" not in keeper.kept and all(b.ref_cnt == 1 for b in claimed)
+    assert keeper.stats.yielded == 0

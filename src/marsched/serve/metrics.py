@@ -54,6 +54,9 @@ COUNTERS = (
      "Conversation turns whose previous turn's KV was not retained (discarded, expired or never kept)."),
     ("marsched_retention_expired_total", "retention_expired",
      "Retained conversations released because their time limit passed."),
+    ("marsched_retention_yielded_total", "retention_yielded",
+     "Follow-ups whose retained KV went back to the prefix cache, unpinned, while they waited behind a "
+     "request that needed the room."),
     ("marsched_retention_reused_tokens_total", "retention_reused_tokens",
      "Prompt tokens served from retained conversation KV instead of recomputed."),
 )

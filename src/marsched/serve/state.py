@@ -10,7 +10,7 @@ the Swap connector holds in host memory), `swap_stats`, and under `scheduler`:
 `policy`, `iteration`, `promotions`, `retention` (the rule), and the conversations kept
 between turns: `retained_preserve`, `retained_swap`, `retained_device_blocks`,
 `retained_host_tokens`, `retention_hits`, `retention_misses`, `retention_expired`,
-`retention_released`, `retention_reused_tokens`, `retention_redecided`; the gap between a
+`retention_released`, `retention_reused_tokens`, `retention_redecided`, `retention_yielded`; the gap between a
 conversation's turns as the scheduler predicts it: `tool_gaps` (tool name -> `samples`,
 `estimate_s`) and `tool_gap_global_s` (`marsched.policy.retention.GapEstimator`).
 `?request_id=ID` adds that request's predictions, strategies and status (`request`), and for

@@ -145,11 +145,16 @@ class ConversationSteps:
             # and /marsched/state would show the ended retentions as kept until the next request.
             self._swapper.snapshot_dirty = True
         self._arm_expiry(now)
-        if not self._keeper.kept or not len(self.waiting):
+        if not (self._keeper.kept or self._keeper.claims) or not len(self.waiting):
             return
         head = self.waiting.head_request()
         if head is None:
             return
         block_size = self.cache_config.block_size
         needed = -(-(head.num_tokens - head.num_computed_tokens + 1) // block_size)
-        self._keeper.relieve(self.kv_cache_manager.block_pool.get_num_free_blocks(), needed)
+        own = self._keeper.claims.get(head.request_id)  # a follow-up at the head finds its pinned blocks
+        if own is not None:
+            needed -= len(own.pinned)
+        if self._keeper.relieve(self.kv_cache_manager.block_pool.get_num_free_blocks(), needed, head.request_id) \
+                and self._swapper is not None:
+            self._swapper.snapshot_dirty = True

@@ -25,7 +25,8 @@ or a Swap from a Discard: the blocks went back to vLLM's prefix cache, where not
 A retention ends when the follow-up is scheduled (a hit), when the conversation is
 released (`send_release`: vLLM's abort message to the engine core, carrying the id
 `marsched-release:<conversation>`, which `MarsScheduler.finish_requests` takes), when vLLM runs out of room for the
-head of the waiting queue (oldest Preserve first), or at its time limit. A follow-up of a
+head of the waiting queue (oldest Preserve first; then the pins of follow-ups waiting behind the head),
+or at its time limit. A follow-up of a
 conversation whose KV was not kept (discarded, expired, released) is a miss.
 
 Every private vLLM name used here is listed in docs/vllm-internals.md.
@@ -70,6 +71,7 @@ class RetentionStats:
     released: int = 0  # by the front end, or for room
     reused_tokens: int = 0  # context tokens follow-ups did not recompute (prefix hit + host load)
     redecided: int = 0  # kept turns whose strategy changed once their tools were known
+    yielded: int = 0  # follow-ups whose pinned blocks went back to the prefix cache for the head of the queue
 
 
 async def send_release(engine_client: Any, conversation: str) -> None:
@@ -255,17 +257,33 @@ class ConversationKeeper:
                 ended += 1
         return ended
 
-    def relieve(self, free_blocks: int, needed_blocks: int) -> int:
-        """Release Preserve retentions, oldest first, until `needed_blocks` are free; returns how many."""
+    def relieve(self, free_blocks: int, needed_blocks: int, head_rid: str | None = None) -> int:
+        """Make `needed_blocks` free for the head of the waiting queue (`head_rid`): release Preserve
+        retentions, oldest first, then unpin the blocks of follow-ups still waiting behind the head,
+        oldest first; returns how many of both.
+
+        A follow-up that arrived keeps its turn's blocks pinned until it is scheduled. If it waits
+        behind a head that does not fit, nothing else may ever free them (an engine with nothing
+        running waits for ever), so its blocks go back to vLLM's prefix cache: it still finds
+        them there unless the head's allocation evicts them, and then recomputes them."""
         released = 0
         for conversation, kept in sorted(self.kept.items(), key=lambda item: item[1].kept_t):
             if free_blocks >= needed_blocks:
-                break
+                return released
             if kept.strategy is not Strategy.PRESERVE or kept.claimed_by is not None:
                 continue
             freed = sum(1 for b in kept.pinned if b.ref_cnt == 1)
             self.release(conversation)
             free_blocks += freed
+            released += 1
+        for rid, kept in sorted(self.claims.items(), key=lambda item: item[1].kept_t):
+            if free_blocks >= needed_blocks:
+                break
+            if rid == head_rid or not kept.pinned:
+                continue
+            free_blocks += sum(1 for b in kept.pinned if b.ref_cnt == 1)
+            self._unpin(kept)
+            self.stats.yielded += 1
             released += 1
         return released
 
@@ -313,6 +331,7 @@ class ConversationKeeper:
             "retention_released": self.stats.released,
             "retention_reused_tokens": self.stats.reused_tokens,
             "retention_redecided": self.stats.redecided,
+            "retention_yielded": self.stats.yielded,
         }
 
     # --- helpers ----------------------------------------------------------------------
