@@ -559,3 +559,29 @@ def test_unclaimed_preserves_give_way_before_waiting_follow_ups():
     assert keeper.relieve(0, 3, head_rid="other") == 1  # the unclaimed turn's three blocks suffice
     assert "d" not in keeper.kept and all(b.ref_cnt == 1 for b in claimed)
     assert keeper.stats.yielded == 0
+
+
+class _Waiting(list):
+    """vLLM's waiting queue as `_tend_kept` reads it: its length and its head."""
+
+    def head_request(self):
+        return self[0] if self else None
+
+
+def test_a_step_whose_head_does_not_fit_unpins_the_follow_ups_waiting_behind_it(steps):
+    steps.finish("chat", "turn-1", tool_s=0.001)  # a short tool: Preserve
+    kept = steps._keeper.kept["chat"]
+    pinned = list(kept.pinned)
+    assert kept.strategy is Strategy.PRESERVE and pinned
+    for block in pinned:
+        block.ref_cnt -= 1  # vLLM freed the finished turn: the keeper's pin is the only reference
+    steps._keeper.claim("chat", "follow-up", list(range(2100)), 1.0)  # arrived; waits unscheduled
+    assert not steps._keeper.kept  # nothing unclaimed is left to release
+    head = SimpleNamespace(request_id="head", num_tokens=320, num_computed_tokens=0)
+    steps.waiting = _Waiting([head, SimpleNamespace(request_id="follow-up")])
+    steps.cache_config = SimpleNamespace(block_size=16)
+    steps.kv_cache_manager = SimpleNamespace(block_pool=SimpleNamespace(get_num_free_blocks=lambda: 0))
+    steps._swapper.snapshot_dirty = False
+    steps._tend_kept(2.0)
+    assert all(block.ref_cnt == 0 for block in pinned)  # back in vLLM's prefix cache, free for the head
+    assert steps._keeper.stats.yielded == 1 and steps._swapper.snapshot_dirty
