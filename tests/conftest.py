@@ -1,9 +1,11 @@
 """Fixtures for the vLLM tests: the tiny model, an event loop thread, and the shared engines and servers.
 
-The shared ones (tests/shared.py; configurations in tests/engines.py and tests/servers.py) are
-session fixtures of their names: those the collected tests use start with the session, one
-after the other in the background, and each is stopped after the last test that uses it. A test marked
-`stops_shared` (it stops its shared engine or server itself) runs after the other tests on it.
+The shared ones (tests/shared.py; configurations in tests/engines.py, tests/servers.py and
+tests/commands.py) are session fixtures of their names: those the collected tests use start with
+the session, one after the other in the background, and each is stopped after the last test that
+uses it. A test marked `stops_shared` (it stops its shared engine or server itself) runs after the
+other tests on it. The tests that read a command's outcome run last, so that the commands run in
+the background while the other tests run.
 """
 
 from __future__ import annotations
@@ -13,6 +15,7 @@ import os
 
 import pytest
 
+import commands
 import engines
 import servers
 from loop_thread import LoopThread
@@ -23,7 +26,7 @@ from shared import SharedPool
 os.environ.setdefault("VLLM_CPU_KVCACHE_SPACE", "1")
 os.environ.setdefault("VLLM_ENABLE_V1_MULTIPROCESSING", "0")
 
-SHARED = {**engines.SHARED, **servers.SHARED}  # fixture name -> factory(model, folder)
+SHARED = {**engines.SHARED, **servers.SHARED, **commands.SHARED}  # fixture name -> factory(model, folder)
 _first_use: dict[str, str] = {}  # shared fixture -> node id of the first test that uses it, in test order
 _last_user: dict[str, str] = {}  # shared fixture -> node id of the last test that uses it
 _pool: list[SharedPool] = []  # the session's, once a test has needed one
@@ -58,6 +61,10 @@ def _shared_of(item: pytest.Item) -> list[str]:
 
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
+    readers = [item for item in items if set(_shared_of(item)) & set(commands.SHARED)]
+    for reader in readers:  # stable: they keep their order among themselves
+        items.remove(reader)
+    items.extend(readers)
     for stopper in [item for item in items if item.get_closest_marker("stops_shared")]:
         names = set(_shared_of(stopper))
         items.remove(stopper)
@@ -113,4 +120,12 @@ chat_server = _shared_fixture("chat_server", "`servers.CHAT`: plain requests and
                                              "a short retention limit.")
 tools_server = _shared_fixture("tools_server", "`servers.TOOLS`: server-side tools (`--tools`), 48 KV blocks, "
                                                "a long retention limit.")
+dp_server = _shared_fixture("dp_server", "`servers.DATA_PARALLEL`: two data-parallel ranks, a 15 s retention limit.")
+loadgen_server = _shared_fixture("loadgen_server", "`servers.LOADGEN`: reply lengths forced by the bench "
+                                                   "processor, the oracle predictor.")
+bench_run = _shared_fixture("bench_run", "`commands.BENCH`: `marsched model`, then `marsched bench`.")
+calibrate_run = _shared_fixture("calibrate_run", "`commands.CALIBRATE`: `marsched calibrate --fast`.")
+http_bench_run = _shared_fixture("http_bench_run", "`commands.HTTP_BENCH`: a short HTTP comparison.")
+overhead_run = _shared_fixture("overhead_run", "`commands.OVERHEAD`: the overhead benchmark, connector on.")
+parity_run = _shared_fixture("parity_run", "`commands.PARITY`: the lifecycle parity stream on real vLLM.")
 assert all(name in globals() for name in SHARED), "a shared engine or server without its fixture"

@@ -4,7 +4,8 @@ A server takes longer to start than most of its tests take to run, so there is o
 configuration, not one per module (started and stopped by `shared.SharedPool`): `CHAT` for
 plain requests and client-side tool calls (test_serve, test_serve_conversations,
 test_serve_metrics), `TOOLS` for server-side tools and a small KV cache (test_serve_tools,
-test_serve_retention_pressure). Tests on one server check only their own requests, or
+test_serve_retention_pressure), `DATA_PARALLEL` and `LOADGEN` for one module each, started in
+the background before their tests come. Tests on one server check only their own requests, or
 counters relative to their start, and leave it idle.
 """
 
@@ -249,7 +250,16 @@ TOOLS = ServerConfig(
     # The server imports the tools module from its folder.
     lambda folder: {"PYTHONPATH": os.pathsep.join(p for p in (str(folder), os.environ.get("PYTHONPATH")) if p)},
 )
-SHARED = {config.name: config for config in (CHAT, TOOLS)}
+DP_RETENTION_LIMIT_S = 15.0  # far past any follow-up in its tests, short enough to wait out once
+# Two data-parallel ranks (test_serve_data_parallel.py), each with the default KV cache.
+DATA_PARALLEL = ServerConfig("dp_server", lambda folder: ("--retention-limit-s", str(DP_RETENTION_LIMIT_S)),
+                             ("--data-parallel-size", "2", *TOOL_ARGS))
+# `marsched loadgen`'s target (test_loadgen_live.py). The oracle predictor ranks by what the request
+# says (its max_tokens), so every `predict` event shows exactly what reached the scheduler: a
+# reply-length target would appear there.
+LOADGEN = ServerConfig("loadgen_server", lambda folder: ("--bench-reply-lengths", "--predictor", "oracle"),
+                       ("--max-model-len", "4096"))
+SHARED = {config.name: config for config in (CHAT, TOOLS, DATA_PARALLEL, LOADGEN)}
 
 
 # --- requests ----------------------------------------------------------------------------------

@@ -5,8 +5,6 @@ commands; and one short live run of two configurations (`vllm` mark)."""
 from __future__ import annotations
 
 import json
-import subprocess
-import sys
 from pathlib import Path
 
 import pytest
@@ -204,13 +202,9 @@ def test_a_stopped_comparison_keeps_the_runs_that_finished(tmp_path, capsys, sto
 
 
 @pytest.mark.vllm
-def test_a_short_live_comparison_writes_the_summary_of_both_configurations(tiny_model, tmp_path):
-    out = tmp_path / "http"
-    run = subprocess.run(
-        [sys.executable, "-m", "marsched.experiments.http_bench", "--model", tiny_model, "--out", str(out),
-         "--configs", "vllm-stock,mars", "--repeats", "1", "--rate", "0.5", "--duration", "6",
-         "--max-turns", "3", "--turn-chars", "100", "--max-gap-s", "1"],
-        capture_output=True, text=True, timeout=600)
+def test_a_short_live_comparison_writes_the_summary_of_both_configurations(http_bench_run):
+    out = http_bench_run.folder / "http"
+    run = http_bench_run.last
     assert run.returncode == 0, run.stderr[-3000:]
     result = json.loads((out / "summary.json").read_text())
     assert list(result["configs"]) == ["vllm-stock", "mars"]

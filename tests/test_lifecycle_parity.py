@@ -10,29 +10,18 @@ tells it must then agree event for event. Times, token counts and the engine-wid
 
 from __future__ import annotations
 
-import asyncio
-
 import pytest
 
 from marsched.metrics.trace import EventTrace
 from marsched.policy import make_policy
 from marsched.sim.engine import Simulator
 from marsched.workload import ApiCall, ApiType, build_request
+from lifecycle_parity_run import POLICIES, RETURN_TOKENS
+from lifecycle_parity_run import script as _script
 from simhelpers import COST, small_profile
 
-POLICIES = ["preserve", "discard", "swap", "vllm"]
 # What an event says of the request's lifecycle, beyond its kind (not times or token counts).
 SHARED_FIELDS = ("segment", "queue", "strategy", "reason", "where")
-
-
-def _script():
-    """(request id, prompt length, [(tokens before the call, call seconds or None)])."""
-    augmented = [(f"aug-{i}", 30, [(12 + i, 0.2 + 0.05 * i), (8, 0.2 + 0.05 * i), (6, None)]) for i in range(4)]
-    plain = [(f"plain-{i}", 20, [(10, None)]) for i in range(2)]
-    return augmented + plain
-
-
-RETURN_TOKENS = 4
 
 
 class _Recorder(EventTrace):
@@ -76,31 +65,14 @@ def test_the_simulator_lifecycle_of_a_swapped_call():
 
 
 @pytest.mark.vllm
-@pytest.mark.timeout(900)
-def test_both_engines_tell_the_same_lifecycle(tiny_model, loop_thread, tmp_path):
-    pytest.importorskip("vllm")
+def test_both_engines_tell_the_same_lifecycle(parity_run):
     from marsched.metrics.trace import read_trace
-    from marsched.vllm import AugmentedEngine, Step, ToolCall
-    from test_vllm_audit import ended_trace
+    from vllm_scenarios import ended_trace
 
-    async def scenario(policy: str, trace: str):
-        engine = AugmentedEngine(tiny_model, policy=policy, trace_path=trace, dtype="float32",
-                                 enforce_eager=True, block_size=32, max_model_len=512, seed=0)
-        await engine.start()
-        try:
-            runs = []
-            for rid, prompt, parts in _script():
-                steps = [Step(n, ToolCall("sleep", {"duration_s": s, "tokens": [100] * RETURN_TOKENS}) if s else None)
-                         for n, s in parts]
-                runs.append(engine.generate(list(range(10, 10 + prompt)), steps, request_id=rid, ignore_eos=True))
-            return await asyncio.gather(*runs)
-        finally:
-            engine.shutdown()
-
+    ran = parity_run.last
+    assert ran.returncode == 0, ran.stderr[-3000:]
     for policy in POLICIES:
-        trace = str(tmp_path / f"{policy}.jsonl")
-        results = loop_thread.run(scenario(policy, trace), timeout=300)
-        assert all(r.ok for r in results), [r.error for r in results if not r.ok]
+        trace = parity_run.folder / "traces" / f"{policy}.jsonl"
         events = ended_trace(trace)
         assert read_trace(trace)[-1]["event"] == "end"
         real, sim = lifecycle(events), simulated(policy)

@@ -29,17 +29,8 @@ PROBE_MAX_TOKENS = 12  # marsched.loadgen.client's probe turn
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    # The oracle predictor ranks by what the request says (its max_tokens), so every `predict` event
-    # shows exactly what reached the scheduler: a reply-length target would appear there.
-    running = Server(tiny_model, tmp_path_factory.mktemp("loadgen"),
-                     serve_args=("--bench-reply-lengths", "--predictor", "oracle"),
-                     vllm_args=("--max-model-len", "4096"))
-    try:
-        running.wait_ready()
-        yield running
-    finally:
-        running.close()
+def server(loadgen_server):
+    return loadgen_server
 
 
 def loadgen(server: Server, out, *args: str) -> dict:

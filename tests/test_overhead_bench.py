@@ -4,11 +4,6 @@ tiny end-to-end run on real vLLM with the Swap connector (marked `vllm`)."""
 from __future__ import annotations
 
 import json
-import os
-import subprocess
-import sys
-import time
-from pathlib import Path
 
 import numpy as np
 import pytest
@@ -17,9 +12,6 @@ from marsched.bench.overhead import (
     STATS, OverheadPlan, child_command, format_table, goal, main, overheads, parser, plan_from_args, quantile,
     report, snapshot_steps, step_stats, summarize,
 )
-
-ROOT = Path(__file__).resolve().parents[1]
-
 
 def plan_of(*argv: str) -> OverheadPlan:
     return plan_from_args(parser().parse_args(list(argv)))
@@ -191,16 +183,10 @@ def test_child_command_carries_the_whole_plan():
 
 @pytest.mark.vllm
 @pytest.mark.timeout(300)
-def test_tiny_run_with_the_connector_writes_every_field(tmp_path, tiny_model):
-    out = tmp_path / "overhead.json"
-    begin = time.monotonic()
-    # The session's tiny model: building one here would double the test's time.
-    done = subprocess.run([sys.executable, str(ROOT / "scripts" / "bench_scheduler_overhead.py"), "--model", tiny_model,
-                           "--sizes", "20", "--steps", "5", "--warmup", "0", "--repeats", "1", "--policies", "mars",
-                           "--connector", "on", "--json", str(out)],
-                          capture_output=True, text=True, timeout=280, env=dict(os.environ), cwd=ROOT)
+def test_tiny_run_with_the_connector_writes_every_field(overhead_run):
+    out = overhead_run.folder / "overhead.json"
+    done = overhead_run.last
     assert done.returncode == 0, done.stderr[-3000:]
-    print(f"tiny overhead run: {time.monotonic() - begin:.0f} s")
     document = json.loads(out.read_text())
     assert set(document) == {"plan", "machine", "runs", "summary", "overhead", "goal"}
     assert document["goal"] is None  # 10,000 waiting was not measured

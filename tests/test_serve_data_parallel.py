@@ -23,25 +23,18 @@ import pytest
 pytest.importorskip("vllm")
 openai = pytest.importorskip("openai")
 
-from servers import TOOL_ARGS, WEATHER, Server  # noqa: E402
+from servers import DP_RETENTION_LIMIT_S as LIMIT_S  # noqa: E402
+from servers import WEATHER, Server  # noqa: E402
 
 pytestmark = [pytest.mark.vllm, pytest.mark.timeout(600)]
 
 QUESTION = " ".join(["what is the weather in paris today, and should I take an umbrella"] * 4)
 CONVERSATIONS, TOOL_TURNS = 12, 2
-LIMIT_S = 15.0  # the retention limit: far past any follow-up here, short enough to wait out once
 
 
 @pytest.fixture(scope="module")
-def server(tiny_model, tmp_path_factory):
-    running = Server(tiny_model, tmp_path_factory.mktemp("dp"), serve_args=("--retention-limit-s", str(LIMIT_S)),
-                     vllm_args=("--data-parallel-size", "2", *TOOL_ARGS))
-    try:
-        running.wait_ready()
-        yield running
-    finally:
-        running.stop()
-        running.kill_leftovers()
+def server(dp_server):
+    return dp_server
 
 
 def meta(**fields) -> dict:
@@ -186,6 +179,7 @@ def test_retentions_that_end_on_idle_ranks_are_all_shown_freed(server):
         assert not held and rank["host_bytes"] == 0, (rank["rank"], held, rank["host_bytes"])
 
 
+@pytest.mark.stops_shared
 def test_each_rank_writes_its_own_complete_trace(server):
     from marsched.audit import audit_trace
     from marsched.metrics.trace import read_trace
