@@ -1,6 +1,6 @@
 """Commands the tests run as a user does, each in processes of its own, started in the background.
 
-A command such as `marsched bench` or `marsched calibrate` starts a vLLM engine (an engine-core
+A command such as `marsched bench` starts a vLLM engine (an engine-core
 process that imports vLLM) and takes tens of seconds, mostly one core's work, while its test
 only reads what it wrote. So the session runs them as shared things (`shared.SharedPool`), one
 after the other in its background thread, after the engines and servers, while the other tests
@@ -156,15 +156,6 @@ BENCH = CommandConfig(
     env=lambda env: {**_user_env(env), "VLLM_CPU_KVCACHE_SPACE": "1"},
 )
 
-# `marsched calibrate --fast` on the session's tiny model (test_calibrate_vllm.py).
-CALIBRATE_KV_GB = 0.02
-CALIBRATE = CommandConfig(
-    "calibrate_run",
-    lambda model, folder: [marsched("calibrate", "--model", model, "--out", str(folder / "calibrated.json"), "--fast",
-                                    "--kv-cache-gb", str(CALIBRATE_KV_GB))],
-    timeout_s=380.0,
-)
-
 # The HTTP comparison, both kinds of server, one short repeat (test_http_bench.py).
 HTTP_BENCH = CommandConfig(
     "http_bench_run",
@@ -195,4 +186,4 @@ PARITY = CommandConfig(
     env=lambda env: env,
 )
 
-SHARED = {config.name: config for config in (BENCH, CALIBRATE, HTTP_BENCH, OVERHEAD, PARITY)}
+SHARED = {config.name: config for config in (BENCH, HTTP_BENCH, OVERHEAD, PARITY)}

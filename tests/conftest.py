@@ -5,7 +5,8 @@ tests/commands.py) are session fixtures of their names: those the collected test
 the session, one after the other in the background, and each is stopped after the last test that
 uses it. A test marked `stops_shared` (it stops its shared engine or server itself) runs after the
 other tests on it. The tests that read a command's outcome run last, so that the commands run in
-the background while the other tests run.
+the background while the other tests run; after them, the tests that measure time
+(`quiet_machine`), once the background is done.
 """
 
 from __future__ import annotations
@@ -62,9 +63,10 @@ def _shared_of(item: pytest.Item) -> list[str]:
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     readers = [item for item in items if set(_shared_of(item)) & set(commands.SHARED)]
-    for reader in readers:  # stable: they keep their order among themselves
-        items.remove(reader)
-    items.extend(readers)
+    quiet = [item for item in items if "quiet_machine" in item.fixturenames]
+    for item in readers + quiet:  # stable: they keep their order among themselves
+        items.remove(item)
+    items.extend(readers + quiet)
     for stopper in [item for item in items if item.get_closest_marker("stops_shared")]:
         names = set(_shared_of(stopper))
         items.remove(stopper)
@@ -102,6 +104,13 @@ def _shared_start_early(request):
         request.getfixturevalue("shared_pool").start_in_background()
 
 
+@pytest.fixture
+def quiet_machine():
+    """For a test that measures time: it runs last, once the background starts and commands are done."""
+    if _pool:
+        _pool[0].wait_background(900)
+
+
 def _shared_fixture(name: str, doc: str):
     @pytest.fixture(scope="session", name=name)
     def fixture(shared_pool):
@@ -124,7 +133,6 @@ dp_server = _shared_fixture("dp_server", "`servers.DATA_PARALLEL`: two data-para
 loadgen_server = _shared_fixture("loadgen_server", "`servers.LOADGEN`: reply lengths forced by the bench "
                                                    "processor, the oracle predictor.")
 bench_run = _shared_fixture("bench_run", "`commands.BENCH`: `marsched model`, then `marsched bench`.")
-calibrate_run = _shared_fixture("calibrate_run", "`commands.CALIBRATE`: `marsched calibrate --fast`.")
 http_bench_run = _shared_fixture("http_bench_run", "`commands.HTTP_BENCH`: a short HTTP comparison.")
 overhead_run = _shared_fixture("overhead_run", "`commands.OVERHEAD`: the overhead benchmark, connector on.")
 parity_run = _shared_fixture("parity_run", "`commands.PARITY`: the lifecycle parity stream on real vLLM.")

@@ -26,6 +26,7 @@ class SharedPool:
         self.started: dict[str, Any] = {}
         self.closed: set[str] = set()
         self._lock = threading.Lock()
+        self._background: threading.Thread | None = None
 
     def _start(self, name: str) -> Any:
         """`name`'s shared thing, started now unless it was already; None once stopped."""
@@ -46,7 +47,13 @@ class SharedPool:
                 except BaseException:  # noqa: BLE001 - raised again to the tests that get it
                     pass
 
-        threading.Thread(target=one_after_another, name="shared-start", daemon=True).start()
+        self._background = threading.Thread(target=one_after_another, name="shared-start", daemon=True)
+        self._background.start()
+
+    def wait_background(self, timeout_s: float) -> None:
+        """Wait until the background thread has started (and, for commands, run) all it had to."""
+        if self._background is not None:
+            self._background.join(timeout_s)
 
     def get(self, name: str) -> Any:
         shared = self._start(name)
