@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import json
 import math
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -208,3 +209,20 @@ def test_the_cap_on_running_requests_is_optional_and_validated():
 def test_bundled_profiles_still_derive_capacity_from_memory():
     profile = load_profile("gptj-6b-a100")
     assert profile.device_blocks > 0 and profile.host_blocks > 0
+
+
+def test_a_fit_that_zeroes_a_needed_cost_fails_with_why_and_writes_nothing(tmp_path, capsys):
+    import typer
+
+    from marsched.bench.commands import loadable_or_fail
+
+    bundled = Path(__file__).resolve().parents[1] / "src" / "marsched" / "sim" / "profiles" / "gptj-6b-a100.json"
+    profile = json.loads(bundled.read_text())
+    out = tmp_path / "calibrated.json"
+    loadable_or_fail(profile, out)  # a usable profile passes
+    profile["iteration_ms_per_token"] = 0.0  # what a noisy fit gave on a busy machine
+    with pytest.raises(typer.Exit) as stopped:
+        loadable_or_fail(profile, out)
+    assert stopped.value.exit_code == 2 and not out.exists()
+    message = " ".join(capsys.readouterr().err.split())
+    assert "iteration_ms_per_token" in message and "too noisy" in message

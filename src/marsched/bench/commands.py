@@ -247,9 +247,7 @@ def calibrate(
     host_tokens = (MarsConfig().host_swap_tokens if plan.host_swap_gb is None
                    else int(plan.host_swap_gb * 1e9 // measured.model.kv_bytes_per_token))
     profile = calibrated_profile(measured, fitted, name or out.stem, host_tokens)
-    from marsched.sim.profile import profile_from_dict
-
-    profile_from_dict(profile, str(out))  # what we write must load
+    loadable_or_fail(profile, out)
     write_json(profile, out)
     console.print(_calibration_table(measured, fitted))
     it = fitted.iteration
@@ -266,6 +264,19 @@ def calibrate(
                   f"(link {profile['link_gb_per_s']:g} GB/s); KV cache {profile['device_blocks']} blocks × "
                   f"{profile['block_tokens']} tokens; {measured.seconds:.0f} s", highlight=False)
     console.print(f"profile: {out}")
+
+
+def loadable_or_fail(profile: dict, out: Path) -> None:
+    """What calibrate writes must load as a profile; if it would not, fail saying why (nothing is
+    written). A fit on noisy measurements can put a cost the profile needs at zero."""
+    from marsched.sim.profile import profile_from_dict
+
+    try:
+        profile_from_dict(profile, str(out))
+    except ValueError as error:
+        fail(f"the fit does not make a usable profile ({error}): the measurements were too noisy to "
+             f"separate the costs (other work on these cores?); run it again on a quiet machine, or "
+             f"without --fast for more samples")
 
 
 def _calibration_table(m: "Measurements", cal: "Calibration") -> Table:
