@@ -158,7 +158,7 @@ def server_counters(url: str) -> dict[str, Any]:
         answer = json.loads(state)
         ranks = answer.get("ranks") or [answer]  # under data parallelism, one state per rank: summed
         for key in ("retention_hits", "retention_misses", "retention_expired", "retention_released",
-                    "retention_reused_tokens", "promotions"):
+                    "retention_reused_tokens", "retention_yielded", "promotions"):
             values = [(rank.get("scheduler") or {}).get(key) for rank in ranks]
             if any(isinstance(v, (int, float)) for v in values):
                 counters[key] = sum(v for v in values if isinstance(v, (int, float)))
