@@ -1,7 +1,7 @@
 """Commands the tests run as a user does, each in processes of its own, started in the background.
 
-A command such as `marsched bench` starts a vLLM engine (an engine-core
-process that imports vLLM) and takes tens of seconds, mostly one core's work, while its test
+A command such as `marsched bench` starts a vLLM engine (an engine-core process that imports
+vLLM) and takes tens of seconds, mostly one core's work, while its test
 only reads what it wrote. So the session runs them as shared things (`shared.SharedPool`), one
 after the other in its background thread, after the engines and servers, while the other tests
 run on the other core; conftest.py moves the tests that read them to the end of the session.
@@ -89,10 +89,6 @@ class Command:
     def wait_ready(self) -> None:
         """Wait for the command to end (the timeout is the command's own); its steps say how it went."""
         self._thread.join()
-
-    def failed(self) -> Step | None:
-        """The step that did not exit 0, if one did not."""
-        return next((step for step in self.steps if step.returncode != 0), None)
 
     def close(self) -> None:
         with self._lock:
