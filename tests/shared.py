@@ -1,4 +1,4 @@
-"""Engines and servers shared by the tests of a session, one per configuration.
+"""Engines, servers and commands shared by the tests of a session, one per configuration.
 
 Starting a vLLM engine costs more than most of the tests that use it: an AsyncLLM starts an
 engine-core process that imports vLLM, a `marsched serve` three such processes one after
@@ -9,7 +9,8 @@ A test that needs one sooner starts it at once. conftest.py hands each out as a 
 fixture of its name and stops it after the last test that uses it.
 
 A shared thing is built by `factory(model, folder)`, which starts it without waiting, and has
-`wait_ready()` (raises if it did not start; may be called again) and `close()` (idempotent).
+`wait_ready()` (raises if it did not start; may be called again; a command's returns when it has
+run) and `close()` (idempotent).
 """
 
 from __future__ import annotations
