@@ -280,6 +280,24 @@ def test_a_subagent_starts_when_its_parents_calling_turn_has_ended():
     assert child_record.turns[0].sent_s < record.turns[1].sent_s  # beside the parent, during its gap
 
 
+def test_max_concurrency_holds_the_others_until_a_slot_frees_and_times_them_from_then():
+    sessions = [Session(f"s{i}", (Turn(TextPrompt("a"), 2, 0.1), Turn(TextPrompt("b"), 2, 0.0))) for i in range(5)]
+    arrivals = [Arrival(s, f"{s.key}#0", 0.01 * i) for i, s in enumerate(sessions)]
+    send = FakeSend(latency_s=0.05)
+    result = _replay(arrivals, send, max_concurrency=2)
+    records = result.conversations
+    assert all(r.finished for r in records)
+    spans = [(r.turns[0].sent_s, r.turns[-1].end_s) for r in records]
+    for t, _ in spans:  # never more than 2 conversations between their first send and their end
+        assert sum(1 for start, end in spans if start <= t + 1e-6 < end) <= 2
+    assert [r.turns[0].sent_s for r in records] == sorted(r.turns[0].sent_s for r in records)  # in arrival order
+    waited = records[2]
+    assert waited.arrival_s >= records[0].turns[-1].end_s - 0.01  # it arrived, for its record, at its slot
+    assert waited.e2e_s < 0.35  # two turns and a gap: the wait for the slot is not in it
+    unlimited = _replay(arrivals, FakeSend(latency_s=0.05))
+    assert max(r.turns[0].sent_s for r in unlimited.conversations) < 0.1
+
+
 def test_token_count_turns_send_the_context_with_the_served_replies():
     session = Session("s", (Turn(GrownPrompt(0, 4), 2, 0.0), Turn(GrownPrompt(None, 3), 2, 0.0)))
     send = FakeSend()
@@ -559,6 +577,7 @@ def test_a_url_that_does_not_answer(tmp_path):
     (("--seed", "-1"), "--seed -1"),
     (("--max-turns", "-2"), "--max-turns -2"),
     (("--max-tokens", "0"), "--max-tokens 0"),
+    (("--max-concurrency", "-1"), "--max-concurrency -1: give 0"),
     (("--gap-scale", "-1"), "--gap-scale -1"),
     (("--max-gap-s", "-1"), "--max-gap-s -1"),
     (("--rate", "0.001", "--duration", "1"), "no conversation arrives"),

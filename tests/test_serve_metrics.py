@@ -120,6 +120,17 @@ def test_a_scheduler_without_retention_keys_reads_zero():
     assert values[("marsched_retained_conversations", R0 + (("strategy", "preserve"),))] == 0
 
 
+def test_the_api_servers_prediction_stats_come_without_a_rank_label():
+    prediction = {"made": 12, "failed": 1, "batches": 5, "window": 12, "wait_p50_ms": 2.0, "wait_p99_ms": 8.5}
+    values = samples(render([MarsSnapshot(answered=False)], prediction).decode())
+    assert values[("marsched_predictions_total", ())] == 12
+    assert values[("marsched_prediction_failures_total", ())] == 1
+    assert values[("marsched_prediction_wait_seconds", (("quantile", "0.5"),))] == pytest.approx(0.002)
+    assert values[("marsched_prediction_wait_seconds", (("quantile", "0.99"),))] == pytest.approx(0.0085)
+    assert values[("marsched_state_up", R0)] == 0  # the engine's part is on its own
+    assert ("marsched_predictions_total", ()) not in samples(render([MarsSnapshot(answered=False)]).decode())
+
+
 def test_tensor_parallel_workers_add_their_host_bytes():
     snapshot = MarsSnapshot.from_workers([STATE, {"host_bytes": 100, "scheduler": STATE["scheduler"]}])
     assert snapshot.host_bytes == 4196 and snapshot.scheduler["running"] == 2

@@ -76,7 +76,12 @@ def test_concurrent_requests_are_all_predicted(server):
         assert response.status_code == 200, response.text
         return int(response.headers["x-marsched-predicted"])
 
+    before = server.state()["prediction"]
     with concurrent.futures.ThreadPoolExecutor(16) as pool:
         predicted = list(pool.map(one, range(16)))
     assert all(1 <= p <= 6 for p in predicted)
     json.dumps(predicted)
+    after = server.state()["prediction"]  # what predicting cost them, as /marsched/state shows it
+    assert after["made"] >= before["made"] + 16 and after["failed"] == before["failed"]
+    assert after["batches"] > before["batches"] and 1 <= after["batch_max"] <= 64
+    assert 0 < after["wait_p50_ms"] <= after["wait_p99_ms"] <= after["wait_max_ms"]

@@ -11,12 +11,20 @@ import threading
 
 import pytest
 
+from marsched.serve import prediction_stats
 from marsched.serve.prediction import (
     CharsPerToken, Features, PredictionBatcher, PredictionMiddleware, Predictions, ResponseTally,
 )
+from marsched.serve.prediction_stats import PredictionStats
 from marsched.serve.program_fields import AliasError, alias_fields, merged_xargs
 from marsched.serve.turn_text import TAIL_CHARS, chat_turn, completion_turn
 from marsched.vllm.metadata import parse
+
+
+@pytest.fixture(autouse=True)
+def _unpublished(monkeypatch):
+    """A middleware made here publishes its stats process-wide; other tests must not see them."""
+    monkeypatch.setattr(prediction_stats, "_published", None)
 
 
 # --- reading a turn -------------------------------------------------------------------
@@ -199,7 +207,7 @@ def test_a_failing_model_leaves_the_request_unpredicted():
     middleware = PredictionMiddleware(app, predictions(fail=True))
     sent = call(middleware, chat("x", conversation="c"))
     assert sent[0]["status"] == 200 and "predicted" not in sent_fields(app)
-    assert middleware.predictions.failed == 1
+    assert middleware.predictions.stats.failed == 1 and middleware.predictions.stats.made == 0
 
 
 @pytest.mark.parametrize("stream", [False, True])
@@ -279,3 +287,48 @@ def test_malformed_chat_tools_are_a_400_naming_the_field_before_vllm(tools, fiel
     call(middleware, chat("x", tools=good, tool_choice=named))
     call(middleware, {"model": "m", "prompt": "p", "tools": "calculator"}, "/v1/completions")  # vLLM's to judge
     assert len(app.bodies) == 2
+
+
+def test_each_predicted_request_records_its_wait_and_the_middleware_publishes_its_stats():
+    app = RecordingApp()
+    middleware = PredictionMiddleware(app, predictions(value=40))
+    assert prediction_stats.published() is middleware.predictions.stats
+    for _ in range(3):
+        call(middleware, chat("hi"))
+    call(middleware, {**chat("hi"), "vllm_xargs": {"marsched": json.dumps({"predicted": 9})}})  # not asked
+    summary = middleware.predictions.stats.summary()
+    assert summary["made"] == 3 and summary["window"] == 3 and summary["batches"] == 3
+    assert summary["batch_max"] == 1 and 0 < summary["wait_p50_ms"] <= summary["wait_p99_ms"] <= summary["wait_max_ms"]
+
+
+def test_the_wait_a_request_records_includes_the_batch_ahead_of_it():
+    def predict(batch):
+        import time
+        time.sleep(0.05)
+        return [1] * len(batch)
+
+    async def run():
+        stats = PredictionStats()
+        batcher = PredictionBatcher(predict, max_batch=2, stats=stats)
+
+        async def one():
+            started = asyncio.get_running_loop().time()
+            await batcher.predict(Features("x", 1, 0))
+            stats.waited(asyncio.get_running_loop().time() - started)
+
+        await asyncio.gather(*(one() for _ in range(4)))
+        return stats.summary()
+
+    summary = asyncio.run(run())
+    assert summary["batches"] == 2 and summary["batch_mean"] == 2 and summary["batch_max"] == 2
+    assert summary["wait_max_ms"] >= 100  # the second batch waited for the first
+
+
+def test_prediction_stats_keep_the_most_recent_waits():
+    stats = PredictionStats(window=100)
+    for ms in [1000.0] * 100 + [float(n) for n in range(1, 101)]:
+        stats.waited(ms / 1e3)
+    summary = stats.summary()
+    assert summary["window"] == 100 and summary["wait_max_ms"] == 100
+    assert summary["wait_p50_ms"] == 50.5 and summary["wait_p99_ms"] == 99.01
+    assert "batch_mean" not in PredictionStats().summary() and "wait_p99_ms" not in PredictionStats().summary()

@@ -54,7 +54,8 @@ async def _run(options: LoadgenOptions, url: str, api_key: str, arrivals: list[A
         with progress() as bar:
             task = bar.add_task("turns", total=total)
             result = await replay(arrivals, send, GapShape(options.gap_scale, options.max_gap_s),
-                                  on_turn=lambda n: bar.advance(task, n), clock0=clock0)
+                                  on_turn=lambda n: bar.advance(task, n), clock0=clock0,
+                                  max_concurrency=options.max_concurrency)
         return Outcome(server, forced, result)
     finally:
         await client.close()
@@ -107,6 +108,9 @@ def loadgen(
                                                  "(0: whole turns).")] = 0,
     sessions: Annotated[str, typer.Option(help="agent-text only: all, or held-out (only the sessions the "
                                                "packaged agent head never trained on).")] = "all",
+    max_concurrency: Annotated[int, typer.Option(help="Run at most N conversations at once; the others wait "
+                                                      "for one to end, and their latency counts from then "
+                                                      "(0: no limit).")] = 0,
     max_tokens: Annotated[int, typer.Option(help="Every turn's max_tokens: one fixed cap, so that it tells "
                                                  "the scheduler nothing of the reply's length.")] = 4096,
     conversation_keys: Annotated[bool, typer.Option(help="Send vllm_xargs.marsched = {\"conversation\": ID} "
@@ -124,7 +128,8 @@ def loadgen(
     Conversations arrive as a Poisson process; inside each, the next turn is sent when the previous reply has ended and the trace's tool gap has passed. With the server's bench processor (marsched serve --bench-reply-lengths) every reply has the trace's length. Ctrl-C stops the run and keeps what was measured. docs/loadgen.md has the details.
     """
     options = LoadgenOptions(url, workload, model, rate, duration, seed, gap_scale, max_gap_s, token_scale,
-                             max_turns, max_tokens, conversation_keys, request_timeout, turn_chars, sessions)
+                             max_turns, max_tokens, conversation_keys, request_timeout, turn_chars, sessions,
+                             max_concurrency)
     root = checked(options.check)
     check_outputs(out=out, plot=plot)
     sessions = checked(lambda: load_sessions(options))

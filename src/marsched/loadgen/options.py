@@ -35,6 +35,7 @@ class LoadgenOptions:
     request_timeout_s: float = 600.0
     turn_chars: int = 0  # agent-text only: cut every turn's new text and reply to this many characters; 0: off
     sessions: str = ALL_SESSIONS  # agent-text only: "held-out", the sessions the packaged agent head never saw
+    max_concurrency: int = 0  # conversations running at once; the others wait for a slot. 0: no limit
 
     def check(self) -> str:
         """The server's root URL; ValueError naming the flag of the first bad value."""
@@ -63,6 +64,9 @@ class LoadgenOptions:
                              "trained on agent-text sessions)")
         if self.max_turns < 0:
             raise ValueError(f"--max-turns {self.max_turns}: give 0 (every turn) or a number >= 1")
+        if self.max_concurrency < 0:
+            raise ValueError(f"--max-concurrency {self.max_concurrency}: give 0 (no limit) or a number of "
+                             "conversations >= 1")
         if self.max_tokens < 1:
             raise ValueError(f"--max-tokens {self.max_tokens}: give a number of tokens >= 1")
         check_positive("--request-timeout", self.request_timeout_s)

@@ -1,6 +1,7 @@
 """The replay: every arrival's conversation, each a closed loop of turns, until all end or Ctrl-C.
 
-A conversation waits for its arrival, then sends its turns one after the other: the next
+A conversation waits for its arrival (and, under ``--max-concurrency``, for a free slot), then
+sends its turns one after the other: the next
 turn goes out when the previous reply has ended and the trace's gap (shaped by
 ``--gap-scale`` and ``--max-gap-s``) has passed. A turn that fails ends its conversation (an
 agent whose model call fails does not carry on with the same plan); the failure is in the
@@ -42,10 +43,23 @@ class ReplayResult:
 
 async def run_conversation(arrival: Arrival, record: ConversationRecord, send: Send, gaps: GapShape,
                            clock0: float, on_turn: Callable[[int], None],
-                           turn_ended: Callable[[int], None] = lambda index: None) -> None:
+                           turn_ended: Callable[[int], None] = lambda index: None,
+                           slots: asyncio.Semaphore | None = None) -> None:
     """Send `arrival`'s turns into `record`, starting at `record.arrival_s`. `on_turn(n)` counts turns
-    done (or skipped after a failure); `turn_ended(i)` runs when turn i has ended well."""
+    done (or skipped after a failure); `turn_ended(i)` runs when turn i has ended well. With `slots`,
+    the conversation holds one from its first turn to its end; one that waited for it arrives, in
+    its record, when it got it (as `vllm bench --max-concurrency` times a request)."""
     await asyncio.sleep(max(0.0, clock0 + record.arrival_s - time.monotonic()))
+    if slots is None:
+        await _converse(arrival, record, send, gaps, clock0, on_turn, turn_ended)
+        return
+    async with slots:
+        record.arrival_s = max(record.arrival_s, time.monotonic() - clock0)
+        await _converse(arrival, record, send, gaps, clock0, on_turn, turn_ended)
+
+
+async def _converse(arrival: Arrival, record: ConversationRecord, send: Send, gaps: GapShape, clock0: float,
+                    on_turn: Callable[[int], None], turn_ended: Callable[[int], None]) -> None:
     record.started = True
     context = GrowingContext.for_conversation(arrival.conversation)
     turns = arrival.session.turns
@@ -67,12 +81,15 @@ async def run_conversation(arrival: Arrival, record: ConversationRecord, send: S
 
 
 async def replay(arrivals: Sequence[Arrival], send: Send, gaps: GapShape = GapShape(),
-                 on_turn: Callable[[int], None] = lambda n: None, clock0: float | None = None) -> ReplayResult:
+                 on_turn: Callable[[int], None] = lambda n: None, clock0: float | None = None,
+                 max_concurrency: int = 0) -> ReplayResult:
     """Run every arrival's conversation; returns when all have ended or on SIGINT/SIGTERM.
 
     A subagent's conversation (`Arrival.parent`) starts when its parent's calling turn has
-    ended, and never if the parent fails before."""
+    ended, and never if the parent fails before. With `max_concurrency` >= 1, at most that many
+    conversations run at once; the others wait for one to end, in arrival order."""
     clock0 = time.monotonic() if clock0 is None else clock0
+    slots = asyncio.Semaphore(max_concurrency) if max_concurrency >= 1 else None
     records = [ConversationRecord(a.conversation, a.session.key, a.arrival_s, len(a.session.turns))
                for a in arrivals]
     children: dict[str, list[tuple[Arrival, ConversationRecord]]] = {}
@@ -88,7 +105,8 @@ async def replay(arrivals: Sequence[Arrival], send: Send, gaps: GapShape = GapSh
                     child_record.arrival_s = time.monotonic() - clock0
                     start(child, child_record)
 
-        tasks.add(asyncio.create_task(run_conversation(arrival, record, send, gaps, clock0, on_turn, turn_ended)))
+        tasks.add(asyncio.create_task(run_conversation(arrival, record, send, gaps, clock0, on_turn, turn_ended,
+                                                       slots)))
 
     for arrival, record in zip(arrivals, records):
         if arrival.parent is None:

@@ -16,6 +16,10 @@ When the engine does not answer within METRICS_TIMEOUT_S, the scrape still gets 
 metrics, plus `marsched_state_up 0` for each rank, so a slow engine costs one scrape's marsched part,
 not the scrape.
 
+When the API server predicts lengths, `marsched_predictions_total`,
+`marsched_prediction_failures_total` and `marsched_prediction_wait_seconds` (p50 and p99 of the
+recent requests' waits, `prediction_stats.py`) come first, without a rank label.
+
 Keys the scheduler does not report (the retention counters before conversation KV
 retention, for instance) read 0: a series that exists from the first scrape is easier to
 graph and alert on than one that appears later.
@@ -30,6 +34,7 @@ from typing import Any
 from prometheus_client import CollectorRegistry, generate_latest
 from prometheus_client.core import CounterMetricFamily, GaugeMetricFamily, Metric
 
+from marsched.serve.prediction_stats import published
 from marsched.serve.state import EngineUnavailable, ask_ranks, rank_count
 
 PATHS = ("/metrics", "/metrics/")  # vLLM mounts its exporter at ^/metrics(.*)$
@@ -94,12 +99,15 @@ class MarsSnapshot:
 
 
 class MarsCollector:
-    """A prometheus_client collector over one snapshot per rank (fresh ones per scrape)."""
+    """A prometheus_client collector over one snapshot per rank (fresh ones per scrape), and the
+    API server's prediction stats (`prediction_stats.summary()`, when it predicts)."""
 
-    def __init__(self, snapshots: list[MarsSnapshot]) -> None:
+    def __init__(self, snapshots: list[MarsSnapshot], prediction: dict[str, Any] | None = None) -> None:
         self.snapshots = snapshots
+        self.prediction = prediction
 
     def collect(self) -> Iterator[Metric]:
+        yield from _prediction_families(self.prediction)
         ranks = [(str(rank), snap) for rank, snap in enumerate(self.snapshots)]
         up = GaugeMetricFamily("marsched_state_up", "1 if the MARS scheduler answered this scrape, else 0.",
                                labels=["rank"])
@@ -128,9 +136,28 @@ class MarsCollector:
             yield family
 
 
-def render(snapshots: list[MarsSnapshot]) -> bytes:
+def _prediction_families(summary: dict[str, Any] | None) -> Iterator[Metric]:
+    """The API server's prediction counts and recent waits: no rank label, the front end predicts
+    for every rank."""
+    if summary is None:
+        return
+    yield CounterMetricFamily("marsched_predictions_total", "Requests whose output length the API server predicted.",
+                              value=summary["made"])
+    yield CounterMetricFamily("marsched_prediction_failures_total",
+                              "Requests that went on unpredicted because the length model failed.",
+                              value=summary["failed"])
+    wait = GaugeMetricFamily("marsched_prediction_wait_seconds",
+                             "What predicting its length added to a request (features, the batch queue, the "
+                             "model), over the most recent requests.", labels=["quantile"])
+    for quantile, key in (("0.5", "wait_p50_ms"), ("0.99", "wait_p99_ms")):
+        if key in summary:
+            wait.add_metric([quantile], summary[key] / 1e3)
+    yield wait
+
+
+def render(snapshots: list[MarsSnapshot], prediction: dict[str, Any] | None = None) -> bytes:
     registry = CollectorRegistry(auto_describe=False)
-    registry.register(MarsCollector(snapshots))
+    registry.register(MarsCollector(snapshots, prediction))
     return generate_latest(registry)
 
 
@@ -152,7 +179,8 @@ class MarsMetricsMiddleware:
             snapshots = [MarsSnapshot.from_workers(w) for w in await ask_ranks(scope, timeout_s=METRICS_TIMEOUT_S)]
         except EngineUnavailable:
             snapshots = [MarsSnapshot(answered=False)] * rank_count(scope)
-        await answer.replay(send, render(snapshots))
+        stats = published()
+        await answer.replay(send, render(snapshots, stats.summary() if stats is not None else None))
 
 
 class _CapturedAnswer:

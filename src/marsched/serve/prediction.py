@@ -31,6 +31,7 @@ import asyncio
 import json
 import logging
 import os
+import time
 import uuid
 from collections import OrderedDict
 from collections.abc import Callable, Sequence
@@ -38,6 +39,7 @@ from dataclasses import dataclass
 from typing import Any
 
 from marsched.serve.asgi_body import COMPLETION_PATHS, post_body, replay_body
+from marsched.serve.prediction_stats import PredictionStats, publish
 from marsched.serve.program_fields import AliasError, alias_fields, merged_xargs, own_fields
 from marsched.serve.tool_fields import tools_error
 from marsched.serve.turn_text import TurnText, chat_turn, completion_turn
@@ -65,12 +67,12 @@ PredictBatch = Callable[[Sequence[Features]], Sequence[int]]
 class PredictionBatcher:
     """Runs `predict` on batches of the requests that wait, one batch at a time, in a worker thread."""
 
-    def __init__(self, predict: PredictBatch, max_batch: int = MAX_BATCH) -> None:
+    def __init__(self, predict: PredictBatch, max_batch: int = MAX_BATCH, stats: PredictionStats | None = None) -> None:
         self._predict = predict
         self._max_batch = max_batch
         self._pending: list[tuple[Features, asyncio.Future[int]]] = []
         self._drainer: asyncio.Task[None] | None = None
-        self.batches = 0
+        self.stats = stats if stats is not None else PredictionStats()
 
     async def predict(self, features: Features) -> int:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -91,7 +93,7 @@ class PredictionBatcher:
                     if not future.done():
                         future.set_exception(error)
                 continue
-            self.batches += 1
+            self.stats.batch(len(batch))
             for (_, future), result in zip(batch, results):
                 if not future.done():  # its client may have left
                     future.set_result(int(result))
@@ -205,12 +207,11 @@ class Predictions:
     """The state the middleware keeps: the model, the batcher, conversations, the token ratio."""
 
     def __init__(self, predict: PredictBatch, describe: str) -> None:
-        self.batcher = PredictionBatcher(predict)
+        self.stats = PredictionStats()
+        self.batcher = PredictionBatcher(predict, stats=self.stats)
         self.memory = ConversationMemory()
         self.chars_per_token = CharsPerToken()
         self.describe = describe
-        self.made = 0
-        self.failed = 0
 
     def features(self, body: dict[str, Any], chat: bool, conversation: str | None) -> tuple[Features, int] | None:
         """The request's features and its context's characters, or None if it has no text to read."""
@@ -259,6 +260,7 @@ class PredictionMiddleware:
         spec = os.environ.get(ENV)
         self.predictions = predictions if predictions is not None else (learned_predictions(spec) if spec else None)
         if self.predictions is not None:
+            publish(self.predictions.stats)
             logger.info("marsched: every request's output length is predicted in the API server by the %s, "
                         "batched up to %d", self.predictions.describe, MAX_BATCH)
 
@@ -312,6 +314,7 @@ class PredictionMiddleware:
 
     async def _predict(self, body: dict[str, Any], chat: bool, conversation: str | None) -> tuple[int, int] | None:
         assert self.predictions is not None
+        stats, started = self.predictions.stats, time.perf_counter()
         read = self.predictions.features(body, chat, conversation)
         if read is None:
             return None
@@ -319,10 +322,11 @@ class PredictionMiddleware:
         try:
             predicted = await self.predictions.batcher.predict(features)
         except Exception:  # noqa: BLE001 - the request goes on unpredicted
-            self.predictions.failed += 1
+            stats.failed += 1
             logger.exception("marsched: length prediction failed; the request goes on without one")
             return None
-        self.predictions.made += 1
+        stats.made += 1
+        stats.waited(time.perf_counter() - started)
         cap = body.get("max_completion_tokens", body.get("max_tokens"))
         if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
             predicted = min(predicted, cap)

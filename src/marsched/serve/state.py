@@ -13,7 +13,9 @@ between turns: `retained_preserve`, `retained_swap`, `retained_device_blocks`,
 `retention_released`, `retention_reused_tokens`, `retention_redecided`, `retention_yielded`; the gap between a
 conversation's turns as the scheduler predicts it: `tool_gaps` (tool name -> `samples`,
 `estimate_s`) and `tool_gap_global_s` (`marsched.policy.retention.GapEstimator`).
-`?request_id=ID` adds that request's predictions, strategies and status (`request`), and for
+When the API server predicts lengths, `prediction` says what that costs its requests
+(`prediction_stats.py`: predictions made and failed, batches, the p50, p99 and longest wait in
+milliseconds). `?request_id=ID` adds that request's predictions, strategies and status (`request`), and for
 a conversation's finished turn the gap its retention was decided from (`request.retention`).
 Under vLLM's data parallelism every rank answers: `{"data_parallel_size": N, "ranks": [...]}`,
 one such state per rank, with its `rank`, and `affinity`, where this front end places
@@ -62,15 +64,24 @@ class MarsStateMiddleware:
         except EngineUnavailable as error:
             await _answer(send, 503, {"error": str(error)})
             return
+        prediction = _prediction()
         if len(ranks) == 1:
-            await _answer(send, 200, _rank_state(ranks[0]))
+            await _answer(send, 200, {**_rank_state(ranks[0]), **prediction})
             return
         from marsched.serve.affinity import router_of
 
         router = router_of(scope)
         each = [{"rank": rank, **_rank_state(workers)} for rank, workers in enumerate(ranks)]
         await _answer(send, 200, {"data_parallel_size": len(ranks), "ranks": each,
-                                  "affinity": router.state() if router is not None else None})
+                                  "affinity": router.state() if router is not None else None, **prediction})
+
+
+def _prediction() -> dict[str, Any]:
+    """The API server's prediction costs (`prediction_stats.py`), when it predicts."""
+    from marsched.serve.prediction_stats import published
+
+    stats = published()
+    return {"prediction": stats.summary()} if stats is not None else {}
 
 
 def _rank_state(workers: list[dict[str, Any]]) -> dict[str, Any]:
