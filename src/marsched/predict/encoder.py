@@ -9,7 +9,9 @@ Two encoders over the same weights, named in a trained head's metadata:
 
 - ``embed``: MiniLM's WordPiece embedding table, mean-pooled over the text's word pieces. A
   bag of pretrained word vectors: numpy only, well under a millisecond per request on one
-  core, so it meets the serving budget (docs/predictor.md, "Latency and memory").
+  core, so it meets the serving budget (docs/predictor.md, "Latency and memory"). The pieces
+  of each whitespace-separated chunk are cached (`pieces.py`): the same ids, a fraction of
+  the tokenizing.
 - ``transformer``: the full 6-layer encoder, mean-pooled over its last layer (the sentence
   embedding the model was trained for), the text cut to its first `max_tokens` word pieces.
   Needs torch and transformers; about 15-80 ms per request on one core here, which is why it
@@ -34,6 +36,8 @@ from dataclasses import dataclass
 from functools import cache
 
 import numpy as np
+
+from marsched.predict.pieces import PieceCache
 
 ENCODERS = ("embed", "transformer")
 MAX_CHARS = 4000  # longer texts are cut first: the tail adds little to a mean and costs tokenizer time
@@ -121,15 +125,19 @@ class Encoder:
         return np.concatenate([pooled, np.stack(columns, axis=1).astype(np.float32)], axis=1)
 
 
+@cache
+def _piece_cache() -> PieceCache:
+    return PieceCache(_tokenizer(None))
+
+
 def _embed(texts: Sequence[str]) -> tuple[np.ndarray, np.ndarray]:
     table = _word_embeddings()
-    encodings = _tokenizer(None).encode_batch(list(texts), add_special_tokens=False)
     pooled = np.zeros((len(texts), _DIM), dtype=np.float32)
     pieces = np.zeros(len(texts), dtype=np.float32)
-    for row, encoding in enumerate(encodings):
-        if encoding.ids:
-            pooled[row] = table[encoding.ids].mean(axis=0)
-            pieces[row] = len(encoding.ids)
+    for row, ids in enumerate(_piece_cache().pieces(texts)):
+        if ids:
+            pooled[row] = table[ids].mean(axis=0)
+            pieces[row] = len(ids)
     return pooled, pieces
 
 

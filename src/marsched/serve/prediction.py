@@ -87,16 +87,22 @@ class PredictionBatcher:
         while self._pending:
             batch, self._pending = self._pending[:self._max_batch], self._pending[self._max_batch:]
             try:
-                results = await asyncio.to_thread(self._predict, [features for features, _ in batch])
+                results, seconds = await asyncio.to_thread(_timed, self._predict, [features for features, _ in batch])
             except Exception as error:  # noqa: BLE001 - each waiting request gets the failure
                 for _, future in batch:
                     if not future.done():
                         future.set_exception(error)
                 continue
-            self.stats.batch(len(batch))
+            self.stats.batch(len(batch), seconds)
             for (_, future), result in zip(batch, results):
                 if not future.done():  # its client may have left
                     future.set_result(int(result))
+
+
+def _timed(predict: PredictBatch, batch: list[Features]) -> tuple[Sequence[int], float]:
+    started = time.perf_counter()
+    results = predict(batch)
+    return results, time.perf_counter() - started
 
 
 @dataclass(slots=True)

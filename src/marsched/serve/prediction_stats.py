@@ -2,7 +2,8 @@
 
 A request's wait is the time the prediction middleware holds it: reading its features, waiting
 for the batch in flight to end, and its own batch. It is what prediction adds to the request's
-latency. The most recent WINDOW waits and batch sizes are kept. `/marsched/state` shows the
+latency. A batch's time is the model's alone, timed in its worker thread; the rest of a wait is
+queueing and the API server's other work on the same interpreter. The most recent WINDOW waits and batch sizes are kept. `/marsched/state` shows the
 summary under `prediction`, and `/metrics` shows it as the `marsched_prediction_*` families.
 
 The middleware that predicts and the ones that answer `/marsched/state` and `/metrics` are
@@ -28,13 +29,16 @@ class PredictionStats:
         self.batches = 0
         self._waits_s: deque[float] = deque(maxlen=window)
         self._batch_sizes: deque[int] = deque(maxlen=window)
+        self._batch_s: deque[float] = deque(maxlen=window)
 
     def waited(self, seconds: float) -> None:
         self._waits_s.append(seconds)
 
-    def batch(self, size: int) -> None:
+    def batch(self, size: int, seconds: float) -> None:
+        """A batch of `size` predictions ran, taking `seconds` in its worker thread."""
         self.batches += 1
         self._batch_sizes.append(size)
+        self._batch_s.append(seconds)
 
     def summary(self) -> dict[str, Any]:
         waits_ms = np.asarray(self._waits_s, dtype=np.float64) * 1e3
@@ -46,7 +50,10 @@ class PredictionStats:
                         "wait_p99_ms": round(float(np.percentile(waits_ms, 99)), 3),
                         "wait_max_ms": round(float(waits_ms.max()), 3)}
         if len(sizes):
-            summary |= {"batch_mean": round(float(sizes.mean()), 2), "batch_max": int(sizes.max())}
+            batch_ms = np.asarray(self._batch_s, dtype=np.float64) * 1e3
+            summary |= {"batch_mean": round(float(sizes.mean()), 2), "batch_max": int(sizes.max()),
+                        "batch_p50_ms": round(float(np.percentile(batch_ms, 50)), 3),
+                        "batch_p99_ms": round(float(np.percentile(batch_ms, 99)), 3)}
         return summary
 
 
