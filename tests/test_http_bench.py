@@ -66,6 +66,14 @@ def test_ratios_are_of_medians_against_stock_and_of_mars_against_the_best_other(
     assert "| mars / vllm-stock | 0.45 |" in table and "| mars / best other | 0.75 (infercept) |" in table
 
 
+def test_the_oracle_diagnostic_is_never_the_best_other(tmp_path):
+    runs = [_run(tmp_path, "infercept", 1, 12.0), _run(tmp_path, "mars", 1, 15.0), _run(tmp_path, "mars-oracle", 1, 6.0)]
+    result = summary.summarize(runs, ["infercept", "mars", "mars-oracle"], {})
+    assert result["ratios"]["mars_vs_best_other"]["conv_e2e_mean_s"] == {"best": "infercept",
+                                                                        "ratio": pytest.approx(15 / 12)}
+    assert result["configs"]["mars-oracle"]["metrics"]["conv_e2e_mean_s"]["median"] == 6.0
+
+
 def test_runs_that_did_not_finish_are_counted_but_not_measured(tmp_path):
     good = _run(tmp_path, "vllm-stock", 1, 10.0)
     interrupted = _run(tmp_path, "vllm-stock", 2, 99.0)
@@ -152,6 +160,13 @@ def test_the_plan_passes_the_workload_to_loadgen_and_checks_the_flags():
     assert claude.load.turn_chars == 0
     claude_command = loadgen_command(claude.load, "http://h:1", Path("r"))
     assert claude_command[claude_command.index("--token-scale") + 1] == "0.02" and "--turn-chars" not in claude_command
+    assert "--oracle-predictions" not in command
+    oracle = plan_of(parse(["--model", "/m", "--out", "/o", "--configs", "infercept,mars,mars-oracle"]))
+    assert oracle.configs == ("infercept", "mars", "mars-oracle")
+    assert loadgen_command(oracle.load, "http://h:1", Path("r"), "mars-oracle")[-1] == "--oracle-predictions"
+    assert "--oracle-predictions" not in loadgen_command(oracle.load, "http://h:1", Path("r"), "mars")
+    assert configs.server_command("mars-oracle", configs.Engine("/m"), 1, 1.0) == \
+        configs.server_command("mars", configs.Engine("/m"), 1, 1.0)
     for args, message in ((["--configs", "vllm,nope"], "unknown 'nope'"), (["--configs", "mars,mars"], "twice"),
                           (["--rate", "0"], "--rate 0"), (["--repeats", "0"], "--repeats 0"),
                           (["--turn-chars", "-1"], "--turn-chars -1")):

@@ -385,6 +385,9 @@ def test_the_turns_fields_keep_the_target_out_of_the_schedulers_key():
     assert xargs[REPLY_TOKENS_KEY] == 77 and json.loads(xargs["marsched"]) == {"conversation": "conv#3"}
     assert turn_xargs(5, None) == {REPLY_TOKENS_KEY: 5}
     assert json.loads(turn_xargs(5, "p", retain=False)["marsched"]) == {"conversation": "p", "retain": False}
+    oracle = turn_xargs(77, "conv#3", predicted=77)  # the diagnostic tells the scheduler the length
+    assert oracle[REPLY_TOKENS_KEY] == 77 and json.loads(oracle["marsched"]) == {"conversation": "conv#3", "predicted": 77}
+    assert json.loads(turn_xargs(5, None, predicted=5)["marsched"]) == {"predicted": 5}
     for bad in (0, -3, 2.0, True, "5", None, 10**9):
         with pytest.raises(ValueError, match=REPLY_TOKENS_KEY):
             check_reply_target(bad)
@@ -503,6 +506,19 @@ def test_conversation_keys_can_be_left_out(fake_server, tmp_path):
     run = loadgen(fake_server.url, *SHORT, "--no-conversation-keys", "--out", str(tmp_path / "r.json"))
     assert run.returncode == 0, run.stderr
     assert all(set(b["vllm_xargs"]) == {REPLY_TOKENS_KEY} for b in fake_server.bodies)
+
+
+def test_oracle_predictions_send_each_replys_length_capped_at_max_tokens_and_say_so(fake_server, tmp_path):
+    out = tmp_path / "r.json"
+    run = loadgen(fake_server.url, "--turn-chars", "400", "--max-turns", "2", "--rate", "2", "--duration", "2",
+                  "--max-gap-s", "0.1", "--max-tokens", "100", "--oracle-predictions", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    bodies = fake_server.bodies[1:]  # after the probe, which predicts nothing
+    assert "predicted" not in json.loads(fake_server.bodies[0]["vllm_xargs"]["marsched"])
+    sent = [(b["vllm_xargs"][REPLY_TOKENS_KEY], json.loads(b["vllm_xargs"]["marsched"])["predicted"]) for b in bodies]
+    assert sent and all(predicted == min(target, 100) for target, predicted in sent)
+    assert any(target > 100 for target, _ in sent) and any(target < 100 for target, _ in sent)
+    assert json.loads(out.read_text())["settings"]["oracle_predictions"] is True
 
 
 def test_failed_requests_are_counted_not_fatal(fake_server, tmp_path):

@@ -106,19 +106,27 @@ async def server_info(client: Any, model: str | None) -> ServerInfo:
     return ServerInfo(chosen, names, max_len if isinstance(max_len, int) else None)
 
 
-def turn_xargs(target: int, conversation: str | None, retain: bool = True) -> dict[str, Any]:
+def turn_xargs(target: int, conversation: str | None, retain: bool = True,
+               predicted: int | None = None) -> dict[str, Any]:
+    """The turn's `vllm_xargs`: the target for the bench's processor, beside the scheduler's fields.
+    `predicted` (a diagnostic, `--oracle-predictions`) tells the scheduler the reply's length as the
+    client's own prediction: what MARS does with exact lengths."""
     xargs: dict[str, Any] = {REPLY_TOKENS_KEY: target}
+    keys: dict[str, Any] = {}
     if conversation is not None:
-        keys: dict[str, Any] = {"conversation": conversation}
+        keys["conversation"] = conversation
         if not retain:
             keys["retain"] = False
+    if predicted is not None:
+        keys["predicted"] = predicted
+    if keys:
         xargs[MARSCHED_KEY] = json.dumps(keys, separators=(",", ":"))
     return xargs
 
 
 async def send_turn(client: Any, model: str, prompt: str, turn: TurnRecord, *, max_tokens: int,
                     conversation: str | None, clock0: float, timeout_s: float | None = None,
-                    retain: bool = True) -> str:
+                    retain: bool = True, oracle: bool = False) -> str:
     """Send one streamed turn and fill `turn` (a failure is its `error`); return the reply's text."""
     pieces: list[str] = []
     started = time.monotonic()
@@ -127,7 +135,8 @@ async def send_turn(client: Any, model: str, prompt: str, turn: TurnRecord, *, m
         stream = await client.completions.create(
             model=model, prompt=prompt, max_tokens=max_tokens, stream=True,
             stream_options={"include_usage": True},
-            extra_body={"vllm_xargs": turn_xargs(turn.target_tokens, conversation, retain)})
+            extra_body={"vllm_xargs": turn_xargs(turn.target_tokens, conversation, retain,
+                                                 min(turn.target_tokens, max_tokens) if oracle else None)})
         async for chunk in stream:
             if chunk.usage is not None:
                 turn.prompt_tokens = chunk.usage.prompt_tokens

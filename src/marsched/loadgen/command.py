@@ -49,7 +49,8 @@ async def _run(options: LoadgenOptions, url: str, api_key: str, arrivals: list[A
         async def send(prompt: str, turn: TurnRecord, conversation: str) -> str:
             return await send_turn(client, server.model, prompt, turn, max_tokens=options.max_tokens,
                                    conversation=conversation if options.conversation_keys else None,
-                                   clock0=clock0, timeout_s=options.request_timeout_s)
+                                   clock0=clock0, timeout_s=options.request_timeout_s,
+                                   oracle=options.oracle_predictions)
 
         with progress() as bar:
             task = bar.add_task("turns", total=total)
@@ -117,6 +118,10 @@ def loadgen(
                                                          "with every turn (stock vLLM ignores it).")] = True,
     request_timeout: Annotated[float, typer.Option(help="Seconds a turn may take before it counts as "
                                                         "failed.")] = 600.0,
+    oracle_predictions: Annotated[bool, typer.Option(help="A diagnostic, not a benchmark: every turn tells a marsched "
+                                                          "server its reply's length as its predicted output "
+                                                          "(vllm_xargs.marsched.predicted), to see what exact "
+                                                          "predictions would give.")] = False,
     api_key: Annotated[str, typer.Option(envvar="OPENAI_API_KEY", show_envvar=True,
                                          help="Bearer token, if the server wants one.")] = "EMPTY",
     out: Annotated[Path | None, typer.Option(help="Write the JSON report here (also after Ctrl-C, marked "
@@ -129,7 +134,7 @@ def loadgen(
     """
     options = LoadgenOptions(url, workload, model, rate, duration, seed, gap_scale, max_gap_s, token_scale,
                              max_turns, max_tokens, conversation_keys, request_timeout, turn_chars, sessions,
-                             max_concurrency)
+                             max_concurrency, oracle_predictions)
     root = checked(options.check)
     check_outputs(out=out, plot=plot)
     sessions = checked(lambda: load_sessions(options))

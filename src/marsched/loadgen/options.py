@@ -36,6 +36,7 @@ class LoadgenOptions:
     turn_chars: int = 0  # agent-text only: cut every turn's new text and reply to this many characters; 0: off
     sessions: str = ALL_SESSIONS  # agent-text only: "held-out", the sessions the packaged agent head never saw
     max_concurrency: int = 0  # conversations running at once; the others wait for a slot. 0: no limit
+    oracle_predictions: bool = False  # a diagnostic: each turn tells the scheduler its reply's length
 
     def check(self) -> str:
         """The server's root URL; ValueError naming the flag of the first bad value."""

@@ -14,7 +14,9 @@ import argparse
 import sys
 from pathlib import Path
 
-from marsched.experiments.http_bench.configs import CONFIGS, DEFAULT_ENGINE, Engine, check_configs, pin_seconds
+from marsched.experiments.http_bench.configs import (
+    CONFIGS, DEFAULT_ENGINE, ORACLE, Engine, check_configs, pin_seconds,
+)
 from marsched.experiments.http_bench.run import Plan, progress, run_plan
 from marsched.loadgen.options import CLAUDE_CODE, SESSION_CHOICES, WORKLOADS, LoadgenOptions, load_sessions
 
@@ -31,7 +33,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                                 description=__doc__.split("\n\n")[0],
                                 formatter_class=argparse.ArgumentDefaultsHelpFormatter)
     p.add_argument("--model", required=True, help="model directory or name (e.g. built by `marsched model`)")
-    p.add_argument("--configs", default=",".join(CONFIGS), help=f"comma-separated, of {', '.join(CONFIGS)}")
+    p.add_argument("--configs", default=",".join(CONFIGS),
+                   help=f"comma-separated, of {', '.join(CONFIGS)} (the default), and {ORACLE} (a diagnostic)")
     p.add_argument("--out", required=True, help="folder for the runs' files and the summary")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--rate", type=float, default=0.1, help="conversations arriving per second")

@@ -11,7 +11,10 @@ engine options and seed; only the scheduler differs:
   pinned on the device for T seconds after each turn, Continuum's time-to-live idea on MARS's
   server (MARS's ranking), not Continuum's own scheduler;
 - `mars`: `marsched serve` with its defaults (policy mars, retention policy, predictor auto:
-  the learned one where the predict extra is installed).
+  the learned one where the predict extra is installed);
+- `mars-oracle`, a diagnostic left out of the default list and of the best-other comparison:
+  `mars`'s server, with loadgen telling it every reply's length (`--oracle-predictions`), to see
+  what exact predictions would give on the same load.
 
 Every marsched server gets `--bench-reply-lengths`. The old conversation benchmark's
 `Server` (process group, health, stop) and vLLM entry point are reused, not copied.
@@ -31,6 +34,8 @@ from marsched.loadgen.session import Session, shape_gap
 CONFIGS = ("vllm-stock", "vllm", "infercept", "continuum", "mars")
 BASELINE = "vllm-stock"
 FOCUS = "mars"  # the configuration the summary compares with the best of the others
+ORACLE = "mars-oracle"  # a diagnostic: FOCUS told the true lengths; never a baseline
+KNOWN = (*CONFIGS, ORACLE)
 
 DESCRIPTIONS = {
     "vllm-stock": "stock vLLM OpenAI server, prefix caching on",
@@ -39,6 +44,7 @@ DESCRIPTIONS = {
     "continuum": ("marsched serve --policy mars --retention fixed:T "
                   "(Continuum-style TTL pin, not Continuum's scheduler)"),
     "mars": "marsched serve (defaults: policy mars, retention policy, predictor auto)",
+    ORACLE: "marsched serve (defaults), every turn's reply length sent as its prediction (a diagnostic)",
 }
 
 
@@ -60,10 +66,10 @@ DEFAULT_ENGINE = Engine(model="")
 def check_configs(names: Sequence[str]) -> list[str]:
     """The names, checked: known, none twice, at least one; ValueError naming the bad one."""
     if not names:
-        raise ValueError(f"--configs: give some of {', '.join(CONFIGS)}")
+        raise ValueError(f"--configs: give some of {', '.join(KNOWN)}")
     for name in names:
-        if name not in CONFIGS:
-            raise ValueError(f"--configs: unknown {name!r}; give some of {', '.join(CONFIGS)}")
+        if name not in KNOWN:
+            raise ValueError(f"--configs: unknown {name!r}; give some of {', '.join(KNOWN)}")
     if len(set(names)) != len(names):
         raise ValueError(f"--configs {','.join(names)}: a configuration is named twice")
     return list(names)
@@ -86,8 +92,8 @@ def server_command(config: str, engine: Engine, port: int, fixed_s: float) -> li
         marsched += ["--policy", config]
     elif config == "continuum":
         marsched += ["--policy", "mars", "--retention", f"fixed:{fixed_s:g}"]
-    elif config != FOCUS:
-        raise ValueError(f"unknown configuration {config!r}; give {', '.join(CONFIGS)}")
+    elif config not in (FOCUS, ORACLE):
+        raise ValueError(f"unknown configuration {config!r}; give {', '.join(KNOWN)}")
     return [*marsched, *engine.marsched_extra, "--", *vllm_options(engine)]
 
 

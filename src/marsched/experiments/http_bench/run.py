@@ -27,7 +27,7 @@ from marsched.atomic import write_atomically
 from marsched.experiments.conversations.run import commit, versions
 from marsched.experiments.conversations.servers import START_TIMEOUT_S, Server, server_counters, tail
 from marsched.experiments.http_bench.binding import BindingMismatch, check_same_binding, core_binding
-from marsched.experiments.http_bench.configs import DESCRIPTIONS, Engine, server_command
+from marsched.experiments.http_bench.configs import DESCRIPTIONS, ORACLE, Engine, server_command
 from marsched.experiments.http_bench.engine_queue import QueueSampler
 from marsched.experiments.http_bench.order import Slot, run_order
 from marsched.experiments.http_bench.records import RunRecord
@@ -63,8 +63,9 @@ def progress(message: str) -> None:
     print(f"http_bench: {message}", file=sys.stderr, flush=True)
 
 
-def loadgen_command(load: LoadgenOptions, url: str, report: Path) -> list[str]:
-    """`marsched loadgen` with the plan's workload against `url`, its report to `report`."""
+def loadgen_command(load: LoadgenOptions, url: str, report: Path, config: str = "") -> list[str]:
+    """`marsched loadgen` with the plan's workload against `url`, its report to `report`; for the
+    oracle diagnostic, with the reply lengths sent as predictions."""
     command = [sys.executable, "-m", "marsched.cli", "loadgen", url, "--workload", load.workload,
                "--rate", repr(load.rate), "--duration", repr(load.duration_s), "--seed", str(load.seed),
                "--gap-scale", repr(load.gap_scale), "--max-turns", str(load.max_turns),
@@ -80,6 +81,8 @@ def loadgen_command(load: LoadgenOptions, url: str, report: Path) -> list[str]:
         command += ["--sessions", load.sessions]
     if not load.conversation_keys:
         command.append("--no-conversation-keys")
+    if config == ORACLE:
+        command.append("--oracle-predictions")
     return command
 
 
@@ -132,7 +135,7 @@ def run_slot(slot: Slot, plan: Plan, bindings: dict[str, str | None]) -> RunReco
         sampler = QueueSampler(server.url).start()
         began = time.monotonic()
         try:
-            status = run_loadgen(loadgen_command(plan.load, server.url, report), folder / "loadgen.log")
+            status = run_loadgen(loadgen_command(plan.load, server.url, report, slot.config), folder / "loadgen.log")
         except KeyboardInterrupt:
             record.interrupted = True
             raise

@@ -18,7 +18,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-from marsched.experiments.http_bench.configs import BASELINE, FOCUS
+from marsched.experiments.http_bench.configs import BASELINE, FOCUS, ORACLE
 from marsched.experiments.http_bench.records import RunRecord
 
 SCHEMA = "marsched.http_bench/1"
@@ -80,7 +80,7 @@ def summarize(runs: Sequence[RunRecord], configs: Sequence[str], settings: dict[
 
 def ratios(per_config: dict[str, Any]) -> dict[str, Any]:
     """Ratios of medians, for the latencies: every configuration against `vllm-stock`, and `mars`
-    against the best (lowest) of the other configurations, named."""
+    against the best (lowest) of the other configurations, named (the oracle diagnostic is no other)."""
     def median(config: str, key: str) -> float | None:
         return per_config[config]["metrics"][key]["median"]
 
@@ -89,7 +89,7 @@ def ratios(per_config: dict[str, Any]) -> dict[str, Any]:
         against_stock = {config: {m.key: ratio(median(config, m.key), median(BASELINE, m.key)) for m in LATENCIES}
                          for config in per_config if config != BASELINE}
     focus_vs_best: dict[str, Any] = {}
-    others = [c for c in per_config if c != FOCUS]
+    others = [c for c in per_config if c not in (FOCUS, ORACLE)]
     if FOCUS in per_config and others:
         for m in LATENCIES:
             candidates = [(median(c, m.key), c) for c in others if median(c, m.key) is not None]
