@@ -14,7 +14,8 @@ An ASGI middleware (`--middleware marsched.serve.prediction.PredictionMiddleware
   `/marsched/state?request_id=` (the response header `x-marsched-request-id`).
 
 Predictions of concurrent requests are batched: while one batch runs in a worker thread (never
-on the event loop), the requests that arrive wait and form the next one. A conversation's
+on the event loop), the requests that arrive wait and form the next one. What that costs each
+request is kept (`prediction_stats.py`) and shown in `/marsched/state` and `/metrics`. A conversation's
 previous reply length and prompt size come from its earlier responses (`usage`), remembered
 per conversation id; characters are turned into tokens at the ratio the responses' `usage`
 shows (4 characters a token until one has come).
