@@ -160,7 +160,10 @@ def test_the_plan_passes_the_workload_to_loadgen_and_checks_the_flags():
     assert claude.load.turn_chars == 0
     claude_command = loadgen_command(claude.load, "http://h:1", Path("r"))
     assert claude_command[claude_command.index("--token-scale") + 1] == "0.02" and "--turn-chars" not in claude_command
-    assert "--oracle-predictions" not in command
+    assert "--oracle-predictions" not in command and "--reply-chars" not in command
+    long = plan_of(parse(["--model", "/m", "--out", "/o", "--reply-chars", "2000"]))
+    long_command = loadgen_command(long.load, "http://h:1", Path("r"))
+    assert long_command[long_command.index("--reply-chars") + 1] == "2000" and long.load.turn_chars == 400
     oracle = plan_of(parse(["--model", "/m", "--out", "/o", "--configs", "infercept,mars,mars-oracle"]))
     assert oracle.configs == ("infercept", "mars", "mars-oracle")
     assert loadgen_command(oracle.load, "http://h:1", Path("r"), "mars-oracle")[-1] == "--oracle-predictions"

@@ -80,8 +80,9 @@ def _bounded_rows() -> list[dict]:
             for i, (text, reply) in enumerate(zip(inputs, replies))]
 
 
-def _parse(rows: list[dict], turn_chars: int) -> Session:
-    return parse_agent_text("\n".join(json.dumps(r) for r in rows) + "\n", "set", "f.jsonl", turn_chars)[0]
+def _parse(rows: list[dict], turn_chars: int, reply_chars: int | None = None) -> Session:
+    return parse_agent_text("\n".join(json.dumps(r) for r in rows) + "\n", "set", "f.jsonl", turn_chars,
+                            reply_chars)[0]
 
 
 def test_turn_chars_cuts_every_piece_and_rebuilds_the_prompts_from_the_cut_pieces():
@@ -107,6 +108,21 @@ def test_bounded_prompts_extend_the_previous_prompt_and_reply_like_the_conversat
         assert after.prompt.text.startswith(turn.prompt.text + row["output"][:turn_chars])
     # an input that does not extend the previous one still yields a prompt that extends it, cut
     assert session.turns[-1].prompt.text.endswith("another agent starts afresh"[:turn_chars])
+
+
+@pytest.mark.parametrize("reply_chars", [0, 3, 30])
+def test_reply_chars_cuts_the_replies_apart_from_the_new_texts(reply_chars):
+    rows = _bounded_rows()
+    session = _parse(rows, 12, reply_chars)
+    replies = [r["output"][:reply_chars] if reply_chars else r["output"] for r in rows]
+    assert [t.reply_tokens for t in session.turns] == [max(count_tokens(r), 1) for r in replies]
+    prompts = [t.prompt.text for t in session.turns]
+    assert prompts[0] == rows[0]["input"][:12]
+    assert prompts[1] == prompts[0] + replies[0] + "tool says to"  # the new text still cut to 12
+    for turn, after, reply in zip(session.turns, session.turns[1:], replies):
+        assert after.prompt.text.startswith(turn.prompt.text + reply)
+    with pytest.raises(ValueError, match="--reply-chars -1"):
+        _parse(rows, 12, -1)
 
 
 def test_turn_chars_zero_leaves_the_turns_as_the_trace_has_them():
@@ -594,6 +610,8 @@ def test_a_url_that_does_not_answer(tmp_path):
     (("--max-turns", "-2"), "--max-turns -2"),
     (("--max-tokens", "0"), "--max-tokens 0"),
     (("--max-concurrency", "-1"), "--max-concurrency -1: give 0"),
+    (("--turn-chars", "400", "--reply-chars", "-1"), "--reply-chars -1: give 0"),
+    (("--reply-chars", "100"), "--reply-chars 100: only with --turn-chars"),
     (("--gap-scale", "-1"), "--gap-scale -1"),
     (("--max-gap-s", "-1"), "--max-gap-s -1"),
     (("--rate", "0.001", "--duration", "1"), "no conversation arrives"),

@@ -110,6 +110,12 @@ def test_cut_examples_are_the_turns_as_loadgen_replays_them(examples):
     for index in range(1, len(cut)):
         if cut[index].group == cut[index - 1].group:
             assert cut[index].previous_output_tokens == cut[index - 1].output_tokens
+    longer = agent_examples(["miniswe"], turn_chars=400, reply_chars=2000)  # as loadgen --reply-chars 2000
+    sessions = {s.key: s for s in load_agent_text(["miniswe"], 400, 2000)}
+    assert [e.output_tokens for e in longer] == [t.reply_tokens for key in dict.fromkeys(e.group for e in longer)
+                                                 for t in sessions[key].turns]
+    assert max(e.output_tokens for e in longer) > max(e.output_tokens for e in cut)
+    assert all(len(e.last_turn) <= 400 for e in longer)  # the new texts are still cut to 400
 
 
 def test_a_follow_up_reads_the_new_text_not_the_whole_prompt(examples):

@@ -27,6 +27,8 @@ as text), ``output`` (the reply as text), ``session_id``. How a session becomes 
   previous turn. The reply length is the cut reply's. Where the trace's next input does not
   extend the previous one (another agent of the session), the new text is nearly its whole
   input, cut like the rest, and the rebuilt prompt still extends the previous one.
+  ``--reply-chars M`` cuts the replies to M characters instead (0: whole), keeping more of
+  their spread of lengths than a cut of a few hundred characters does.
 
 Session keys are ``<set>:<session_id>`` (``miniswe:0639...``). A file's problems raise
 `AgentTextError` naming the file, the line and the field.
@@ -54,24 +56,27 @@ def bundled_file(name: str) -> str:
     return f"agent_text_{name}.jsonl.gz"
 
 
-def load_agent_text(sets: Sequence[str] = SETS, turn_chars: int = 0) -> list[Session]:
+def load_agent_text(sets: Sequence[str] = SETS, turn_chars: int = 0, reply_chars: int | None = None) -> list[Session]:
     """The bundled sessions of `sets` (names from SETS), in file order; `turn_chars` > 0 bounds
-    their turns (`bounded_texts`)."""
+    their turns, and `reply_chars` their replies (`bounded_texts`)."""
     sessions: list[Session] = []
     for name in sets:
         if name not in SETS:
             raise ValueError(f"unknown agent-text set {name!r}: {', '.join(SETS)}")
         resource = files("marsched.loadgen") / "data" / bundled_file(name)
         sessions += parse_agent_text(gzip.decompress(resource.read_bytes()).decode("utf-8"), name, str(resource),
-                                     turn_chars)
+                                     turn_chars, reply_chars)
     return sessions
 
 
-def parse_agent_text(text: str, set_name: str, source: str, turn_chars: int = 0) -> list[Session]:
+def parse_agent_text(text: str, set_name: str, source: str, turn_chars: int = 0,
+                     reply_chars: int | None = None) -> list[Session]:
     """Sessions from the lines of one file (`set_name` prefixes their keys; `source` names it in errors;
-    `turn_chars` > 0 bounds the turns, `bounded_texts`)."""
+    `turn_chars` > 0 bounds the turns, `reply_chars` the replies, `bounded_texts`)."""
     if turn_chars < 0:
         raise ValueError(f"--turn-chars {turn_chars}: give 0 (whole turns) or a number of characters >= 1")
+    if reply_chars is not None and reply_chars < 0:
+        raise ValueError(f"--reply-chars {reply_chars}: give 0 (whole replies) or a number of characters >= 1")
     calls: dict[str, list[tuple[int, int, dict]]] = {}  # session id -> (timestamp, line, record)
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -81,7 +86,7 @@ def parse_agent_text(text: str, set_name: str, source: str, turn_chars: int = 0)
     if not calls:
         raise AgentTextError(f"{source}: no records")
     ordered = {sid: [record for _, _, record in sorted(rows, key=lambda row: row[:2])] for sid, rows in calls.items()}
-    texts = {sid: bounded_texts([(r["input"], r["output"]) for r in rows], turn_chars)
+    texts = {sid: bounded_texts([(r["input"], r["output"]) for r in rows], turn_chars, reply_chars)
              for sid, rows in ordered.items()}
     lengths = iter(count_tokens_batch([reply for pairs in texts.values() for _, reply in pairs]))
     sessions = []
@@ -94,12 +99,15 @@ def parse_agent_text(text: str, set_name: str, source: str, turn_chars: int = 0)
     return sessions
 
 
-def bounded_texts(calls: Sequence[tuple[str, str]], turn_chars: int) -> list[tuple[str, str]]:
+def bounded_texts(calls: Sequence[tuple[str, str]], turn_chars: int,
+                  reply_chars: int | None = None) -> list[tuple[str, str]]:
     """A session's (prompt, reply) texts, its calls' (input, output) in order, with every piece cut to
-    `turn_chars` characters and each prompt rebuilt from the cut pieces before it (the module's
-    "Bounded turns"); `turn_chars` 0 returns the calls as they are."""
+    `turn_chars` characters (the replies to `reply_chars`, when given; 0: whole) and each prompt
+    rebuilt from the cut pieces before it (the module's "Bounded turns"); `turn_chars` 0 returns
+    the calls as they are."""
     if turn_chars <= 0:
         return list(calls)
+    reply_cut = turn_chars if reply_chars is None else reply_chars
     bounded: list[tuple[str, str]] = []
     prompt = ""
     for index, (given, reply) in enumerate(calls):
@@ -110,7 +118,7 @@ def bounded_texts(calls: Sequence[tuple[str, str]], turn_chars: int) -> list[tup
             new = given[_common_prefix_length(given, previous_input + previous_reply):]
             prompt += bounded[-1][1]
         prompt += new[:turn_chars]
-        bounded.append((prompt, reply[:turn_chars]))
+        bounded.append((prompt, reply[:reply_cut] if reply_cut else reply))
     return bounded
 
 

@@ -107,6 +107,8 @@ def loadgen(
     turn_chars: Annotated[int, typer.Option(help="agent-text only: cut every turn's new text and every reply to "
                                                  "its first N characters, prompts rebuilt from the cut pieces "
                                                  "(0: whole turns).")] = 0,
+    reply_chars: Annotated[int | None, typer.Option(help="With --turn-chars: cut every reply to its first N "
+                                                         "characters instead (0: whole replies).")] = None,
     sessions: Annotated[str, typer.Option(help="agent-text only: all, or held-out (only the sessions the "
                                                "packaged agent head never trained on).")] = "all",
     max_concurrency: Annotated[int, typer.Option(help="Run at most N conversations at once; the others wait "
@@ -134,7 +136,7 @@ def loadgen(
     """
     options = LoadgenOptions(url, workload, model, rate, duration, seed, gap_scale, max_gap_s, token_scale,
                              max_turns, max_tokens, conversation_keys, request_timeout, turn_chars, sessions,
-                             max_concurrency, oracle_predictions)
+                             max_concurrency, oracle_predictions, reply_chars)
     root = checked(options.check)
     check_outputs(out=out, plot=plot)
     sessions = checked(lambda: load_sessions(options))

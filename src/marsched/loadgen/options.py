@@ -37,6 +37,7 @@ class LoadgenOptions:
     sessions: str = ALL_SESSIONS  # agent-text only: "held-out", the sessions the packaged agent head never saw
     max_concurrency: int = 0  # conversations running at once; the others wait for a slot. 0: no limit
     oracle_predictions: bool = False  # a diagnostic: each turn tells the scheduler its reply's length
+    reply_chars: int | None = None  # with turn_chars: cut the replies to this many instead (0: whole)
 
     def check(self) -> str:
         """The server's root URL; ValueError naming the flag of the first bad value."""
@@ -58,6 +59,13 @@ class LoadgenOptions:
         if self.turn_chars and self.workload == CLAUDE_CODE:
             raise ValueError(f"--turn-chars {self.turn_chars}: only for --workload {AGENT_TEXT} "
                              "(claude-code has token counts: use --token-scale)")
+        if self.reply_chars is not None:
+            if self.reply_chars < 0:
+                raise ValueError(f"--reply-chars {self.reply_chars}: give 0 (whole replies) or a number of "
+                                 "characters >= 1")
+            if not self.turn_chars:
+                raise ValueError(f"--reply-chars {self.reply_chars}: only with --turn-chars (without it, "
+                                 "every reply is whole)")
         if self.sessions not in SESSION_CHOICES:
             raise ValueError(f"--sessions {self.sessions!r}: give one of {', '.join(SESSION_CHOICES)}")
         if self.sessions == HELD_OUT and self.workload == CLAUDE_CODE:
@@ -94,7 +102,7 @@ def load_sessions(options: LoadgenOptions) -> list[Session]:
         sessions = load_claude_code(options.token_scale)
     else:
         _, _, name = options.workload.partition(":")
-        sessions = load_agent_text((name,) if name else SETS, options.turn_chars)
+        sessions = load_agent_text((name,) if name else SETS, options.turn_chars, options.reply_chars)
         if options.sessions == HELD_OUT:
             held = held_out_keys()
             sessions = [session for session in sessions if session.key in held]

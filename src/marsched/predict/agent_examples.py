@@ -86,15 +86,17 @@ def reply_texts(family: str) -> dict[str, list[str]]:
     return {key: [text for *_, text in sorted(calls)] for key, calls in rows.items()}
 
 
-def agent_examples(families: Sequence[str] = FAMILIES, turn_chars: int = 0) -> list[Example]:
+def agent_examples(families: Sequence[str] = FAMILIES, turn_chars: int = 0,
+                   reply_chars: int | None = None) -> list[Example]:
     """One example per turn of the bundled sessions of `families`, sessions in file order; with
-    `turn_chars`, as `marsched loadgen --turn-chars` replays them (every new text and reply cut)."""
+    `turn_chars` (and `reply_chars`), as `marsched loadgen` replays them with the same cuts."""
     turns: list[tuple[str, str, int, str, int, int]] = []  # family, key, index, text, previous reply, reply
     prompts: list[str] = []
     for family in families:
         replies = reply_texts(family)
-        for session in load_agent_text([family], turn_chars):
-            texts = [text[:turn_chars] if turn_chars else text for text in replies.get(session.key, [])]
+        reply_cut = turn_chars if reply_chars is None or not turn_chars else reply_chars
+        for session in load_agent_text([family], turn_chars, reply_chars):
+            texts = [text[:reply_cut] if reply_cut else text for text in replies.get(session.key, [])]
             if len(texts) != len(session.turns):
                 raise ValueError(f"{session.key}: {len(texts)} replies for {len(session.turns)} turns")
             previous_prompt, previous_reply, previous_tokens = None, "", 0

@@ -81,10 +81,11 @@ class AgentDataset:
 
 
 def agent_dataset(config: AgentTrainConfig, log: Callable[[str], None] = lambda _: None,
-                  turn_chars: int = 0) -> AgentDataset:
-    """The examples split by session; `turn_chars` cuts them as `marsched loadgen --turn-chars` does."""
+                  turn_chars: int = 0, reply_chars: int | None = None) -> AgentDataset:
+    """The examples split by session; `turn_chars` and `reply_chars` cut them as `marsched loadgen` does."""
     log("reading the agent-text sessions (tokenizing 1,148 prompts)")
-    train, test = split_sessions(agent_examples(turn_chars=turn_chars), config.seed, config.held_out)
+    train, test = split_sessions(agent_examples(turn_chars=turn_chars, reply_chars=reply_chars), config.seed,
+                                 config.held_out)
     log(f"agent turns: {len(train)} train ({len({e.group for e in train})} sessions), "
         f"{len(test)} held out ({len({e.group for e in test})} sessions)")
     return AgentDataset(train, test)
@@ -159,15 +160,17 @@ AGENT_BASELINES = {"type-mean": BASELINES["type-mean"], "global-mean": BASELINES
 
 
 def evaluate_agent(heads: dict[str, str], config: AgentTrainConfig | None = None,
-                   log: Callable[[str], None] = lambda _: None, turn_chars: int = 0) -> dict:
+                   log: Callable[[str], None] = lambda _: None, turn_chars: int = 0,
+                   reply_chars: int | None = None) -> dict:
     """Each named head directory and the baselines on the held-out agent sessions, overall and per family.
 
     `config` names the split (None: the first head's, `config_of`). `turn_chars` > 0: the turns as
-    `marsched loadgen --turn-chars` replays them, the baselines fitted on the cut training turns.
+    `marsched loadgen --turn-chars` (and `--reply-chars`) replays them, the baselines fitted on the cut
+    training turns.
     """
     loaded = {name: load_head(directory) for name, directory in heads.items()}
     config = config or config_of(next(iter(loaded.values())))
-    data = agent_dataset(config, log, turn_chars)
+    data = agent_dataset(config, log, turn_chars, reply_chars)
     predictions = {}
     for name, head in loaded.items():
         encoder = Encoder(head.meta.get("encoder", "embed"), head.meta.get("max_tokens", 128),
@@ -181,6 +184,7 @@ def evaluate_agent(heads: dict[str, str], config: AgentTrainConfig | None = None
                     "split": {"seed": config.seed, "held_out": config.held_out,
                               "held_out_sessions": sorted({e.group for e in data.test})},
                     "held_out_examples": len(data.test), "train_examples": len(data.train), "turn_chars": turn_chars,
+                    "reply_chars": reply_chars,
                     "max_tokens": MAX_TOKENS, "all": {}, "by_source": {}}
     for name, predicted in predictions.items():
         result["all"][name] = metrics.report(predicted, y)

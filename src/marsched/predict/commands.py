@@ -159,6 +159,8 @@ def evaluate(
     data: Annotated[str, typer.Option(help=_DATA_HELP)] = "sharegpt",
     turn_chars: Annotated[int, typer.Option(help="agent-text only: the turns as `marsched loadgen --turn-chars N` "
                                                  "replays them, every new text and reply cut (0: whole).")] = 0,
+    reply_chars: Annotated[int | None, typer.Option(help="With --turn-chars: the replies cut to N characters "
+                                                         "instead (0: whole), as loadgen --reply-chars.")] = None,
 ) -> None:
     """Acc-5, Acc-15, MAE and Kendall's tau on the held-out split, for the head and the baselines."""
     from marsched.predict.head import HEAD_FILE
@@ -167,8 +169,11 @@ def evaluate(
         fail(f"{directory}: no {HEAD_FILE} here (make one with `marsched predictor train --out DIR`)")
     if turn_chars < 0:
         fail(f"--turn-chars {turn_chars}: give 0 (whole turns) or a number of characters >= 1")
+    if reply_chars is not None and (reply_chars < 0 or not turn_chars):
+        fail(f"--reply-chars {reply_chars}: give 0 (whole replies) or a number of characters >= 1, "
+             "with --turn-chars")
     if _data(data) == "agent-text":
-        _evaluate_agent(directory, json_path, turn_chars)
+        _evaluate_agent(directory, json_path, turn_chars, reply_chars)
         return
     if turn_chars:
         fail(f"--turn-chars {turn_chars}: only for --data agent-text")
@@ -185,7 +190,8 @@ def evaluate(
     _write_json(json_path, result, "metrics")
 
 
-def _evaluate_agent(directory: Path, json_path: Path | None, turn_chars: int = 0) -> None:
+def _evaluate_agent(directory: Path, json_path: Path | None, turn_chars: int = 0,
+                    reply_chars: int | None = None) -> None:
     """`eval --data agent-text`: the head against the packaged default head and the baselines."""
     _require("all_minilm_l6_v2", "safetensors")
     _single_thread()
@@ -194,10 +200,12 @@ def _evaluate_agent(directory: Path, json_path: Path | None, turn_chars: int = 0
 
     try:
         result = evaluate_agent({"learned": str(directory), "default-head": default_head_dir()}, log=_log,
-                                turn_chars=turn_chars)
+                                turn_chars=turn_chars, reply_chars=reply_chars)
     except ValueError as error:
         fail(str(error))
     cut = f", cut to {turn_chars} characters" if turn_chars else ""
+    if turn_chars and reply_chars is not None:
+        cut += f", replies to {reply_chars}" if reply_chars else ", replies whole"
     table = Table(title=f"held-out agent sessions: {result['held_out_examples']} turns "
                         f"({len(result['split']['held_out_sessions'])} sessions{cut})")
     for column in ("predictor", "family", "Acc-5", "Acc-15", "MAE (tokens)", "Kendall tau", "n"):

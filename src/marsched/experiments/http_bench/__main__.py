@@ -44,6 +44,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--turn-chars", type=int, default=None,
                    help=f"agent-text: cut each turn's new text and reply to N characters (default {TURN_CHARS}; "
                         "0: whole turns)")
+    p.add_argument("--reply-chars", type=int, default=None,
+                   help="agent-text: cut each reply to N characters instead of --turn-chars (0: whole replies)")
     p.add_argument("--sessions", default="all", choices=SESSION_CHOICES,
                    help="agent-text: held-out replays only the sessions the packaged agent head never trained on")
     p.add_argument("--max-turns", type=int, default=MAX_TURNS, help="per conversation; 0: all")
@@ -70,7 +72,8 @@ def plan_of(args: argparse.Namespace) -> Plan:
                                                                          else TURN_CHARS)
     load = LoadgenOptions("http://127.0.0.1:1", args.workload, None, args.rate, args.duration, args.seed,
                           args.gap_scale, args.max_gap_s if args.max_gap_s >= 0 else None, args.token_scale,
-                          args.max_turns, args.max_tokens, True, args.request_timeout, turn_chars, args.sessions)
+                          args.max_turns, args.max_tokens, True, args.request_timeout, turn_chars, args.sessions,
+                          reply_chars=args.reply_chars)
     load.check()
     if args.repeats < 1:
         raise ValueError(f"--repeats {args.repeats}: give a number >= 1")

@@ -77,6 +77,8 @@ def loadgen_command(load: LoadgenOptions, url: str, report: Path, config: str = 
         command += ["--token-scale", repr(load.token_scale)]
     if load.turn_chars:
         command += ["--turn-chars", str(load.turn_chars)]
+    if load.reply_chars is not None:
+        command += ["--reply-chars", str(load.reply_chars)]
     if load.sessions != ALL_SESSIONS:
         command += ["--sessions", load.sessions]
     if not load.conversation_keys:
