@@ -67,7 +67,8 @@ def test_ratios_are_of_medians_against_stock_and_of_mars_against_the_best_other(
 
 
 def test_the_oracle_diagnostic_is_never_the_best_other(tmp_path):
-    runs = [_run(tmp_path, "infercept", 1, 12.0), _run(tmp_path, "mars", 1, 15.0), _run(tmp_path, "mars-oracle", 1, 6.0)]
+    runs = [_run(tmp_path, "infercept", 1, 12.0), _run(tmp_path, "mars", 1, 15.0),
+            _run(tmp_path, "mars-oracle", 1, 6.0)]
     result = summary.summarize(runs, ["infercept", "mars", "mars-oracle"], {})
     assert result["ratios"]["mars_vs_best_other"]["conv_e2e_mean_s"] == {"best": "infercept",
                                                                         "ratio": pytest.approx(15 / 12)}

@@ -402,7 +402,8 @@ def test_the_turns_fields_keep_the_target_out_of_the_schedulers_key():
     assert turn_xargs(5, None) == {REPLY_TOKENS_KEY: 5}
     assert json.loads(turn_xargs(5, "p", retain=False)["marsched"]) == {"conversation": "p", "retain": False}
     oracle = turn_xargs(77, "conv#3", predicted=77)  # the diagnostic tells the scheduler the length
-    assert oracle[REPLY_TOKENS_KEY] == 77 and json.loads(oracle["marsched"]) == {"conversation": "conv#3", "predicted": 77}
+    assert oracle[REPLY_TOKENS_KEY] == 77
+    assert json.loads(oracle["marsched"]) == {"conversation": "conv#3", "predicted": 77}
     assert json.loads(turn_xargs(5, None, predicted=5)["marsched"]) == {"predicted": 5}
     for bad in (0, -3, 2.0, True, "5", None, 10**9):
         with pytest.raises(ValueError, match=REPLY_TOKENS_KEY):

@@ -2,12 +2,12 @@
 
 A conversation waits for its arrival (and, under ``--max-concurrency``, for a free slot), then
 sends its turns one after the other: the next turn goes out when the previous reply has ended
-and the trace's gap (shaped by ``--gap-scale`` and ``--max-gap-s``) has passed. A turn that fails ends its conversation (an
-agent whose model call fails does not carry on with the same plan); the failure is in the
-turn's record. A subagent's conversation starts when its parent's calling turn has
-ended. Ctrl-C (SIGINT) or SIGTERM stops every conversation where it is: what had
-finished stays in the records, the turns in flight are dropped, and the result says it
-was interrupted.
+and the trace's gap (shaped by ``--gap-scale`` and ``--max-gap-s``) has passed. A turn that
+fails ends its conversation (an agent whose model call fails does not carry on with the same
+plan); the failure is in the turn's record. A subagent's conversation starts when its parent's
+calling turn has ended. Ctrl-C (SIGINT) or SIGTERM stops every conversation where it is: what
+had finished stays in the records, the turns in flight are dropped, and the result says it was
+interrupted.
 """
 
 from __future__ import annotations

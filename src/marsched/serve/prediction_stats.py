@@ -3,8 +3,9 @@
 A request's wait is the time the prediction middleware holds it: reading its features, waiting
 for the batch in flight to end, and its own batch. It is what prediction adds to the request's
 latency. A batch's time is the model's alone, timed in its worker thread; the rest of a wait is
-queueing and the API server's other work on the same interpreter. The most recent WINDOW waits and batch sizes are kept. `/marsched/state` shows the
-summary under `prediction`, and `/metrics` shows it as the `marsched_prediction_*` families.
+queueing and the API server's other work on the same interpreter. The most recent WINDOW waits
+and batch sizes are kept. `/marsched/state` shows the summary under `prediction`, and `/metrics`
+shows it as the `marsched_prediction_*` families.
 
 The middleware that predicts and the ones that answer `/marsched/state` and `/metrics` are
 separate objects in the same API server process, so the predicting one publishes its stats here.
