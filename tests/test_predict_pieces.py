@@ -61,3 +61,10 @@ def test_only_new_chunks_go_to_the_tokenizer_and_a_full_cache_starts_over():
     assert counting.asked[-1] == [long]
     before = len(counting.asked)
     assert cache.pieces(["", "  "]) == [[], []] and len(counting.asked) == before  # nothing to tokenize
+    edge = "z" * MAX_CACHED_CHARS  # the longest chunk kept
+    cache.pieces([edge])
+    assert len(cache) == 4
+    cache.pieces(["four five"])  # 4 + 2 > 5: starts over with this batch's two
+    assert len(cache) == 2
+    cache.pieces(["six seven eight"])  # 2 + 3 = 5: fits, nothing forgotten
+    assert len(cache) == 5

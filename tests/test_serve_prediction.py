@@ -333,3 +333,23 @@ def test_prediction_stats_keep_the_most_recent_waits():
     assert summary["window"] == 100 and summary["wait_max_ms"] == 100
     assert summary["wait_p50_ms"] == 50.5 and summary["wait_p99_ms"] == 99.01
     assert "batch_mean" not in PredictionStats().summary() and "wait_p99_ms" not in PredictionStats().summary()
+
+
+def test_prediction_stats_keep_the_most_recent_batches_and_round_to_microseconds():
+    stats = PredictionStats(window=100)
+    for _ in range(100):
+        stats.batch(64, 1.0)
+    for n in range(1, 101):
+        stats.batch(n, n / 1e3)
+    stats.waited(0.00012345)
+    summary = stats.summary()
+    assert summary["batches"] == 200 and summary["batch_max"] == 100 and summary["batch_mean"] == 50.5
+    assert summary["batch_p50_ms"] == 50.5 and summary["batch_p99_ms"] == 99.01
+    assert summary["wait_p50_ms"] == summary["wait_p99_ms"] == summary["wait_max_ms"] == 0.123
+    few = PredictionStats()
+    for size in (1, 1, 2):
+        few.batch(size, 0.00123456)
+    few.failed = 2
+    summary = few.summary()
+    assert summary["batch_mean"] == 1.33 and summary["batch_p50_ms"] == summary["batch_p99_ms"] == 1.235
+    assert summary["failed"] == 2 and summary["made"] == 0 and summary["window"] == 0

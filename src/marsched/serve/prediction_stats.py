@@ -42,8 +42,8 @@ class PredictionStats:
         self._batch_s.append(seconds)
 
     def summary(self) -> dict[str, Any]:
-        waits_ms = np.asarray(self._waits_s, dtype=np.float64) * 1e3
-        sizes = np.asarray(self._batch_sizes, dtype=np.float64)
+        waits_ms = np.asarray(self._waits_s) * 1e3
+        sizes = np.asarray(self._batch_sizes)
         summary: dict[str, Any] = {"made": self.made, "failed": self.failed, "batches": self.batches,
                                    "window": len(waits_ms)}
         if len(waits_ms):
@@ -51,7 +51,7 @@ class PredictionStats:
                         "wait_p99_ms": round(float(np.percentile(waits_ms, 99)), 3),
                         "wait_max_ms": round(float(waits_ms.max()), 3)}
         if len(sizes):
-            batch_ms = np.asarray(self._batch_s, dtype=np.float64) * 1e3
+            batch_ms = np.asarray(self._batch_s) * 1e3
             summary |= {"batch_mean": round(float(sizes.mean()), 2), "batch_max": int(sizes.max()),
                         "batch_p50_ms": round(float(np.percentile(batch_ms, 50)), 3),
                         "batch_p99_ms": round(float(np.percentile(batch_ms, 99)), 3)}
