@@ -232,7 +232,7 @@ def test_concurrent_requests_are_predicted_in_batches_off_the_event_loop():
     seen: list = []
 
     def predict(batch):
-        seen.append((len(batch), threading.get_ident()))
+        seen.append((len(batch), threading.get_ident(), threading.current_thread().name))
         return [len(f.text) for f in batch]
 
     async def run():
@@ -243,8 +243,9 @@ def test_concurrent_requests_are_predicted_in_batches_off_the_event_loop():
 
     results, loop_thread = asyncio.run(run())
     assert results == list(range(1, 21))
-    assert [n for n, _ in seen] == [8, 8, 4]
-    assert all(thread != loop_thread for _, thread in seen)
+    assert [n for n, _, _ in seen] == [8, 8, 4]
+    assert all(thread != loop_thread for _, thread, _ in seen)
+    assert all(name.startswith("marsched-predict") for _, _, name in seen)  # its own worker, not the default
 
 
 def test_a_response_tally_reads_usage_and_text_split_anywhere():

@@ -35,6 +35,7 @@ import os
 import time
 import uuid
 from collections import OrderedDict
+from concurrent.futures import ThreadPoolExecutor
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
@@ -66,7 +67,9 @@ PredictBatch = Callable[[Sequence[Features]], Sequence[int]]
 
 
 class PredictionBatcher:
-    """Runs `predict` on batches of the requests that wait, one batch at a time, in a worker thread."""
+    """Runs `predict` on batches of the requests that wait, one batch at a time, in a worker thread
+    of its own: not the event loop's default executor, which vLLM's front end also uses, so that a
+    batch never queues behind the server's other work there."""
 
     def __init__(self, predict: PredictBatch, max_batch: int = MAX_BATCH, stats: PredictionStats | None = None) -> None:
         self._predict = predict
@@ -74,6 +77,7 @@ class PredictionBatcher:
         self._pending: list[tuple[Features, asyncio.Future[int]]] = []
         self._drainer: asyncio.Task[None] | None = None
         self.stats = stats if stats is not None else PredictionStats()
+        self._worker = ThreadPoolExecutor(1, thread_name_prefix="marsched-predict")
 
     async def predict(self, features: Features) -> int:
         future: asyncio.Future[int] = asyncio.get_running_loop().create_future()
@@ -88,7 +92,8 @@ class PredictionBatcher:
         while self._pending:
             batch, self._pending = self._pending[:self._max_batch], self._pending[self._max_batch:]
             try:
-                results, seconds = await asyncio.to_thread(_timed, self._predict, [features for features, _ in batch])
+                results, seconds = await asyncio.get_running_loop().run_in_executor(
+                    self._worker, _timed, self._predict, [features for features, _ in batch])
             except Exception as error:  # noqa: BLE001 - each waiting request gets the failure
                 for _, future in batch:
                     if not future.done():
