@@ -99,6 +99,13 @@ def parse_agent_text(text: str, set_name: str, source: str, turn_chars: int = 0,
     return sessions
 
 
+def reply_cut(turn_chars: int, reply_chars: int | None) -> int:
+    """Characters a reply keeps under `--turn-chars` and `--reply-chars` (0: all of it)."""
+    if not turn_chars:
+        return 0
+    return turn_chars if reply_chars is None else reply_chars
+
+
 def bounded_texts(calls: Sequence[tuple[str, str]], turn_chars: int,
                   reply_chars: int | None = None) -> list[tuple[str, str]]:
     """A session's (prompt, reply) texts, its calls' (input, output) in order, with every piece cut to
@@ -107,7 +114,7 @@ def bounded_texts(calls: Sequence[tuple[str, str]], turn_chars: int,
     the calls as they are."""
     if turn_chars <= 0:
         return list(calls)
-    reply_cut = turn_chars if reply_chars is None else reply_chars
+    keep = reply_cut(turn_chars, reply_chars)
     bounded: list[tuple[str, str]] = []
     prompt = ""
     for index, (given, reply) in enumerate(calls):
@@ -118,7 +125,7 @@ def bounded_texts(calls: Sequence[tuple[str, str]], turn_chars: int,
             new = given[_common_prefix_length(given, previous_input + previous_reply):]
             prompt += bounded[-1][1]
         prompt += new[:turn_chars]
-        bounded.append((prompt, reply[:reply_cut] if reply_cut else reply))
+        bounded.append((prompt, reply[:keep] if keep else reply))
     return bounded
 
 

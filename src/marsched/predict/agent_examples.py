@@ -39,7 +39,7 @@ import os
 from collections.abc import Sequence
 from importlib.resources import files
 
-from marsched.loadgen.agent_text import SETS, bundled_file, load_agent_text
+from marsched.loadgen.agent_text import SETS, bundled_file, load_agent_text, reply_cut
 from marsched.predict.encoder import MAX_CHARS
 from marsched.predict.examples import Example
 from marsched.workload.tokenizer import count_tokens_batch
@@ -94,9 +94,9 @@ def agent_examples(families: Sequence[str] = FAMILIES, turn_chars: int = 0,
     prompts: list[str] = []
     for family in families:
         replies = reply_texts(family)
-        reply_cut = turn_chars if reply_chars is None or not turn_chars else reply_chars
+        keep = reply_cut(turn_chars, reply_chars)
         for session in load_agent_text([family], turn_chars, reply_chars):
-            texts = [text[:reply_cut] if reply_cut else text for text in replies.get(session.key, [])]
+            texts = [text[:keep] if keep else text for text in replies.get(session.key, [])]
             if len(texts) != len(session.turns):
                 raise ValueError(f"{session.key}: {len(texts)} replies for {len(session.turns)} turns")
             previous_prompt, previous_reply, previous_tokens = None, "", 0
