@@ -85,7 +85,8 @@ def header(start, name: bytes) -> bytes | None:
 STATE = {"host_bytes": 4096, "scheduler": {
     "running": 2, "waiting": 3, "paused": 1, "device_free_blocks": 10, "device_total_blocks": 40,
     "retained_preserve": 4, "retained_swap": 1, "paused_discard": 1, "promotions": 7,
-    "retention_hits": 5, "retention_misses": 2, "retention_expired": 1, "retention_reused_tokens": 1234}}
+    "retention_hits": 5, "retention_misses": 2, "retention_expired": 1, "retention_reused_tokens": 1234,
+    "predictions_told_on_arrival": 11, "predictions_told_while_waiting": 6, "predictions_told_late": 2}}
 
 
 def test_appends_marsched_families_after_vllms_and_fixes_the_length():
@@ -108,6 +109,8 @@ def test_appends_marsched_families_after_vllms_and_fixes_the_length():
     assert values[("marsched_paused_requests", R0 + (("strategy", "swap"),))] == 0  # absent key: 0
     assert values[("marsched_promotions_total", R0)] == 7
     assert values[("marsched_retention_reused_tokens_total", R0)] == 1234
+    assert [values[(f"marsched_predictions_told_{when}_total", R0)] for when in ("on_arrival", "while_waiting", "late")] \
+        == [11, 6, 2]
     types = {f.name: f.type for f in text_string_to_metric_families(body.decode())}
     assert types["marsched_retention_hits"] == "counter" and types["marsched_running_requests"] == "gauge"
 
@@ -121,12 +124,15 @@ def test_a_scheduler_without_retention_keys_reads_zero():
 
 
 def test_the_api_servers_prediction_stats_come_without_a_rank_label():
-    prediction = {"made": 12, "failed": 1, "batches": 5, "window": 12, "wait_p50_ms": 2.0, "wait_p99_ms": 8.5}
+    prediction = {"made": 12, "failed": 1, "batches": 5, "window": 12, "wait_p50_ms": 2.0, "wait_p99_ms": 8.5,
+                  "added_p50_ms": 0.1, "added_p99_ms": 0.7}
     values = samples(render([MarsSnapshot(answered=False)], prediction).decode())
     assert values[("marsched_predictions_total", ())] == 12
     assert values[("marsched_prediction_failures_total", ())] == 1
     assert values[("marsched_prediction_wait_seconds", (("quantile", "0.5"),))] == pytest.approx(0.002)
     assert values[("marsched_prediction_wait_seconds", (("quantile", "0.99"),))] == pytest.approx(0.0085)
+    assert values[("marsched_prediction_added_seconds", (("quantile", "0.5"),))] == pytest.approx(0.0001)
+    assert values[("marsched_prediction_added_seconds", (("quantile", "0.99"),))] == pytest.approx(0.0007)
     assert values[("marsched_state_up", R0)] == 0  # the engine's part is on its own
     assert ("marsched_predictions_total", ()) not in samples(render([MarsSnapshot(answered=False)]).decode())
 

@@ -8,6 +8,8 @@ from __future__ import annotations
 import asyncio
 import json
 import threading
+import time
+from types import SimpleNamespace
 
 import pytest
 
@@ -134,7 +136,17 @@ def predictions(seen=None, fail=False, value=40):
     return Predictions(predict, "test model")
 
 
-def call(middleware, body, path="/v1/chat/completions"):
+class EngineCore:
+    """The engine core's client as the API server holds it: keeps the ids of the abort messages."""
+
+    def __init__(self):
+        self.aborted: list[str] = []
+
+    async def abort_requests_async(self, request_ids):
+        self.aborted.extend(request_ids)
+
+
+def call(middleware, body, path="/v1/chat/completions", engine_core=None):
     raw = body if isinstance(body, bytes) else json.dumps(body).encode()
     sent = []
 
@@ -145,6 +157,8 @@ def call(middleware, body, path="/v1/chat/completions"):
         sent.append(message)
 
     scope = {"type": "http", "method": "POST", "path": path, "headers": [(b"content-length", str(len(raw)).encode())]}
+    if engine_core is not None:  # vLLM's app keeps its engine client in app.state.engine_client
+        scope["app"] = SimpleNamespace(state=SimpleNamespace(engine_client=SimpleNamespace(engine_core=engine_core)))
     asyncio.run(middleware(scope, receive, send))
     return sent
 
@@ -160,27 +174,69 @@ def chat(content, conversation=None, **extra):
     return body
 
 
-def test_every_request_gets_a_prediction_capped_at_its_max_tokens_and_a_request_id():
-    app = RecordingApp()
+def test_every_request_gets_a_prediction_capped_at_its_max_tokens_told_after_it_under_its_request_id():
+    app, core = RecordingApp(), EngineCore()
     middleware = PredictionMiddleware(app, predictions(value=40))
-    sent = call(middleware, chat("hi", max_tokens=16))
+    sent = call(middleware, chat("hi", max_tokens=16), engine_core=core)
     fields = sent_fields(app)
-    assert fields["predicted"] == 16 and fields["rid"].startswith("mars-")
+    assert "predicted" not in fields and fields["rid"].startswith("mars-")  # the request did not wait for it
+    assert core.aborted == [f"marsched-predicted:{fields['rid']}\x1f16"]
     headers = dict(sent[0]["headers"])
     assert headers[b"x-marsched-predicted"] == b"16" and headers[b"x-marsched-request-id"] == fields["rid"].encode()
-    call(middleware, chat("hi"))
-    assert sent_fields(app)["predicted"] == 40
-    call(middleware, {"model": "m", "prompt": "once upon a time", "max_tokens": 100}, "/v1/completions")
-    assert sent_fields(app)["predicted"] == 40
+    call(middleware, chat("hi", vllm_xargs={"marsched": json.dumps({"rid": "mine"})}), engine_core=core)
+    assert core.aborted[-1] == "marsched-predicted:mine\x1f40" and sent_fields(app)["rid"] == "mine"
+    call(middleware, {"model": "m", "prompt": "once upon a time", "max_tokens": 100}, "/v1/completions", core)
+    assert core.aborted[-1] == f"marsched-predicted:{sent_fields(app)['rid']}\x1f40"
+    summary = middleware.predictions.stats.summary()
+    assert summary["made"] == 3 and summary["untold"] == 0
+
+
+def test_the_request_reaches_vllm_before_its_prediction_is_made():
+    reached = threading.Event()
+    order: list[str] = []
+
+    class App(RecordingApp):
+        async def __call__(self, scope, receive, send):
+            order.append("request")
+            reached.set()
+            await super().__call__(scope, receive, send)
+
+    def predict(batch):
+        assert reached.wait(10), "the model ran before the request went on"
+        time.sleep(0.05)
+        order.append("prediction")
+        return [5] * len(batch)
+
+    app, core = App(), EngineCore()
+    middleware = PredictionMiddleware(app, Predictions(predict, "slow model"))
+    sent = call(middleware, chat("hi"), engine_core=core)
+    assert order == ["request", "prediction"]
+    assert dict(sent[0]["headers"])[b"x-marsched-predicted"] == b"5"  # the response's start waited for it
+    summary = middleware.predictions.stats.summary()
+    assert summary["added_max_ms"] >= 40 and summary["wait_max_ms"] >= 50  # this reply was quicker than the model
+
+
+def test_a_prediction_the_engine_cannot_be_told_is_counted_and_the_request_goes_on():
+    class BrokenCore(EngineCore):
+        async def abort_requests_async(self, request_ids):
+            raise RuntimeError("engine gone")
+
+    app = RecordingApp()
+    middleware = PredictionMiddleware(app, predictions(value=7))
+    sent = call(middleware, chat("hi"), engine_core=BrokenCore())
+    assert sent[0]["status"] == 200 and dict(sent[0]["headers"])[b"x-marsched-predicted"] == b"7"
+    assert middleware.predictions.stats.summary()["untold"] == 1
 
 
 def test_a_stated_prediction_wins_and_the_model_is_not_asked():
     seen: list = []
     app = RecordingApp()
     middleware = PredictionMiddleware(app, predictions(seen))
-    call(middleware, {**chat("hi"), "vllm_xargs": {"marsched": json.dumps({"predicted": 9})}})
-    call(middleware, {**chat("hi"), "vllm_xargs": {"agentic_context": {"expected_output_length": 11}}})
-    assert [sent_fields(app, i)["predicted"] for i in (0, 1)] == [9, 11] and seen == []
+    core = EngineCore()
+    call(middleware, {**chat("hi"), "vllm_xargs": {"marsched": json.dumps({"predicted": 9})}}, engine_core=core)
+    call(middleware, {**chat("hi"), "vllm_xargs": {"agentic_context": {"expected_output_length": 11}}},
+         engine_core=core)
+    assert [sent_fields(app, i)["predicted"] for i in (0, 1)] == [9, 11] and seen == [] and core.aborted == []
 
 
 def test_bodies_it_does_not_read_pass_unchanged_and_a_bad_alias_is_a_400_naming_it():
@@ -205,8 +261,10 @@ def test_without_a_model_the_aliases_are_still_read():
 def test_a_failing_model_leaves_the_request_unpredicted():
     app = RecordingApp()
     middleware = PredictionMiddleware(app, predictions(fail=True))
-    sent = call(middleware, chat("x", conversation="c"))
-    assert sent[0]["status"] == 200 and "predicted" not in sent_fields(app)
+    core = EngineCore()
+    sent = call(middleware, chat("x", conversation="c"), engine_core=core)
+    assert sent[0]["status"] == 200 and "predicted" not in sent_fields(app) and core.aborted == []
+    assert b"x-marsched-predicted" not in dict(sent[0]["headers"])
     assert middleware.predictions.stats.failed == 1 and middleware.predictions.stats.made == 0
 
 
@@ -300,6 +358,7 @@ def test_each_predicted_request_records_its_wait_and_the_middleware_publishes_it
     summary = middleware.predictions.stats.summary()
     assert summary["made"] == 3 and summary["window"] == 3 and summary["batches"] == 3
     assert summary["batch_max"] == 1 and 0 < summary["wait_p50_ms"] <= summary["wait_p99_ms"] <= summary["wait_max_ms"]
+    assert 0 < summary["added_p50_ms"] <= summary["added_p99_ms"] <= summary["added_max_ms"]
 
 
 def test_the_wait_a_request_records_includes_the_batch_ahead_of_it():

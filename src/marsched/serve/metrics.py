@@ -17,8 +17,9 @@ metrics, plus `marsched_state_up 0` for each rank, so a slow engine costs one sc
 not the scrape.
 
 When the API server predicts lengths, `marsched_predictions_total`,
-`marsched_prediction_failures_total` and `marsched_prediction_wait_seconds` (p50 and p99 of the
-recent requests' waits, `prediction_stats.py`) come first, without a rank label.
+`marsched_prediction_failures_total`, `marsched_prediction_added_seconds` and
+`marsched_prediction_wait_seconds` (p50 and p99 over the recent requests, `prediction_stats.py`)
+come first, without a rank label.
 
 Keys the scheduler does not report (the retention counters before conversation KV
 retention, for instance) read 0: a series that exists from the first scrape is easier to
@@ -64,6 +65,12 @@ COUNTERS = (
      "request that needed the room."),
     ("marsched_retention_reused_tokens_total", "retention_reused_tokens",
      "Prompt tokens served from retained conversation KV instead of recomputed."),
+    ("marsched_predictions_told_on_arrival_total", "predictions_told_on_arrival",
+     "Requests whose predicted length the API server told before they reached the scheduler."),
+    ("marsched_predictions_told_while_waiting_total", "predictions_told_while_waiting",
+     "Requests whose predicted length came while they waited, never admitted: ranked anew."),
+    ("marsched_predictions_told_late_total", "predictions_told_late",
+     "Requests whose predicted length came after their admission: ranked by their plan's length."),
 )
 # (metric name, help, {strategy label: scheduler key}): one series per strategy.
 BY_STRATEGY = (
@@ -146,13 +153,15 @@ def _prediction_families(summary: dict[str, Any] | None) -> Iterator[Metric]:
     yield CounterMetricFamily("marsched_prediction_failures_total",
                               "Requests that went on unpredicted because the length model failed.",
                               value=summary["failed"])
-    wait = GaugeMetricFamily("marsched_prediction_wait_seconds",
-                             "What predicting its length added to a request (features, the batch queue, the "
-                             "model), over the most recent requests.", labels=["quantile"])
-    for quantile, key in (("0.5", "wait_p50_ms"), ("0.99", "wait_p99_ms")):
-        if key in summary:
-            wait.add_metric([quantile], summary[key] / 1e3)
-    yield wait
+    for name, text in (("added", "What predicting its length added to a request's latency (reading its features, "
+                                  "and its response waiting for the number), over the most recent requests."),
+                       ("wait", "From reading a request to its predicted length (the batch queue, the model), "
+                                "over the most recent requests; the request does not wait for it.")):
+        family = GaugeMetricFamily(f"marsched_prediction_{name}_seconds", text, labels=["quantile"])
+        for quantile, key in (("0.5", f"{name}_p50_ms"), ("0.99", f"{name}_p99_ms")):
+            if key in summary:
+                family.add_metric([quantile], summary[key] / 1e3)
+        yield family
 
 
 def render(snapshots: list[MarsSnapshot], prediction: dict[str, Any] | None = None) -> bytes:

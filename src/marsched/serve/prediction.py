@@ -8,14 +8,20 @@ An ASGI middleware (`--middleware marsched.serve.prediction.PredictionMiddleware
 - the program fields other clients send are read as marsched's own (`program_fields.py`);
 - unless the request states `predicted` (or the router's `expected_output_length`), the learned
   model predicts the reply's length from the newest turn's text, the context's size and the
-  conversation's previous reply (`turn_text.py`), capped at the request's `max_tokens`, and the
-  number goes into `vllm_xargs.marsched.predicted` (and the response header `x-marsched-predicted`);
-- a request it adds a field to gets a `rid`, unless it has one, which the client can look up in
+  conversation's previous reply (`turn_text.py`), capped at the request's `max_tokens`;
+- such a request gets a `rid`, unless it has one, which the client can look up in
   `/marsched/state?request_id=` (the response header `x-marsched-request-id`).
 
+The request does not wait for its number: it goes on to vLLM at once, and the number follows it
+to the scheduler on vLLM's abort path, keyed by the `rid` (`marsched.vllm.told_predictions`),
+which ranks a request that is still waiting anew; a number that comes first waits for its
+request there. The response's `x-marsched-predicted` header carries the number (the response's
+start waits for it if the reply was quicker). A client reusing one `rid` for concurrent requests
+may see a number reach the wrong one of them.
+
 Predictions of concurrent requests are batched: while one batch runs in a worker thread (never
-on the event loop), the requests that arrive wait and form the next one. What that costs each
-request is kept (`prediction_stats.py`) and shown in `/marsched/state` and `/metrics`. A conversation's
+on the event loop), the numbers asked meanwhile wait and form the next one. What that costs is
+kept (`prediction_stats.py`) and shown in `/marsched/state` and `/metrics`. A conversation's
 previous reply length and prompt size come from its earlier responses (`usage`), remembered
 per conversation id; characters are turned into tokens at the ratio the responses' `usage`
 shows (4 characters a token until one has come).
@@ -302,12 +308,11 @@ class PredictionMiddleware:
         conversation = own.get("conversation", aliases.get("conversation"))
         conversation = conversation if isinstance(conversation, str) else None
         extra: dict[str, Any] = {}
-        context_chars = None
+        read = None
+        started = time.perf_counter()
         if self.predictions is not None and "predicted" not in own and "predicted" not in aliases:
-            made = await self._predict(body, scope["path"].endswith("chat/completions"), conversation)
-            if made is not None:
-                extra["predicted"], context_chars = made
-        if (extra or aliases) and "rid" not in own:  # a name to look the request up by
+            read = self.predictions.features(body, scope["path"].endswith("chat/completions"), conversation)
+        if (read is not None or aliases) and "rid" not in own:  # a name to look the request up by
             extra["rid"] = f"mars-{uuid.uuid4().hex}"
         try:
             new_xargs = merged_xargs(xargs, extra)
@@ -319,18 +324,25 @@ class PredictionMiddleware:
             raw = json.dumps(body).encode()
             scope = dict(scope, headers=[(k, v) for k, v in scope.get("headers", []) if k.lower() != b"content-length"]
                          + [(b"content-length", str(len(raw)).encode())])
-        if not extra:
+        told = None
+        rid = own.get("rid", extra.get("rid"))
+        if read is not None and isinstance(rid, str):
+            features, context_chars = read
+            cap = body.get("max_completion_tokens", body.get("max_tokens"))
+            engine = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
+            # The request goes on now; its number follows it to the scheduler.
+            told = Told(asyncio.create_task(self._tell(features, cap, rid, engine, started)), context_chars,
+                        time.perf_counter() - started)
+        if not extra and told is None:
             await self.app(scope, replay_body(raw, receive), send)
             return
-        await self._forward(scope, replay_body(raw, receive), send, extra, conversation, context_chars)
+        await self._forward(scope, replay_body(raw, receive), send, extra, conversation, told)
 
-    async def _predict(self, body: dict[str, Any], chat: bool, conversation: str | None) -> tuple[int, int] | None:
+    async def _tell(self, features: Features, cap: Any, rid: str, engine: Any, started: float) -> int | None:
+        """Predict the request's length and tell the scheduler (`told_predictions.py`); the number, or
+        None if the model failed."""
         assert self.predictions is not None
-        stats, started = self.predictions.stats, time.perf_counter()
-        read = self.predictions.features(body, chat, conversation)
-        if read is None:
-            return None
-        features, context_chars = read
+        stats = self.predictions.stats
         try:
             predicted = await self.predictions.batcher.predict(features)
         except Exception:  # noqa: BLE001 - the request goes on unpredicted
@@ -339,31 +351,54 @@ class PredictionMiddleware:
             return None
         stats.made += 1
         stats.waited(time.perf_counter() - started)
-        cap = body.get("max_completion_tokens", body.get("max_tokens"))
         if isinstance(cap, int) and not isinstance(cap, bool) and cap >= 1:
             predicted = min(predicted, cap)
-        return max(predicted, 1), context_chars
+        predicted = max(predicted, 1)
+        if engine is not None:
+            from marsched.vllm.told_predictions import send_prediction
+
+            try:
+                await send_prediction(engine, rid, predicted)
+            except Exception:  # noqa: BLE001 - the scheduler ranks the request by its plan
+                stats.untold += 1
+                logger.exception("marsched: telling the scheduler a length prediction failed")
+        return predicted
 
     async def _forward(self, scope: dict[str, Any], receive: Any, send: Any, extra: dict[str, Any],
-                       conversation: str | None, context_chars: int | None) -> None:
+                       conversation: str | None, told: Told | None) -> None:
         """Pass the request on, with what was added in the response's headers; a predicted one's
-        response is read for the conversation's memory."""
+        response is read for the conversation's memory. The response's start waits for the number
+        (it is in a header), which is ready long before, unless the reply was quicker."""
         tally = ResponseTally()
-        added = [(b"x-marsched-predicted", str(extra["predicted"]).encode())] if "predicted" in extra else []
-        if "rid" in extra:
-            added.append((b"x-marsched-request-id", extra["rid"].encode()))
+        added = [(b"x-marsched-request-id", extra["rid"].encode())] if "rid" in extra else []
 
         async def tallied(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                message = dict(message, headers=list(message.get("headers", [])) + added)
-            elif message["type"] == "http.response.body" and self.predictions is not None and context_chars is not None:
+                headers = list(message.get("headers", [])) + added
+                if told is not None and self.predictions is not None:
+                    held_from = time.perf_counter()
+                    predicted = await told.task
+                    self.predictions.stats.added(told.features_s + time.perf_counter() - held_from)
+                    if predicted is not None:
+                        headers.append((b"x-marsched-predicted", str(predicted).encode()))
+                message = dict(message, headers=headers)
+            elif message["type"] == "http.response.body" and self.predictions is not None and told is not None:
                 tally.feed(message.get("body", b""))
                 if not message.get("more_body"):
                     tally.close()
-                    self.predictions.answered(conversation, context_chars, tally)
+                    self.predictions.answered(conversation, told.context_chars, tally)
             await send(message)
 
         await self.app(scope, receive, tallied)
+
+
+@dataclass(frozen=True, slots=True)
+class Told:
+    """A request's prediction on its way to the scheduler."""
+
+    task: asyncio.Task[int | None]
+    context_chars: int
+    features_s: float  # reading the request's features, on its path
 
 
 async def _bad_request(send: Any, message: str, field: str) -> None:

@@ -23,8 +23,13 @@ from marsched.workload.model import ApiCall, ApiType
 PAUSED = RequestStatus.WAITING_FOR_STREAMING_REQ
 
 
+def with_length(plan: tuple[PlannedSegment, ...], segment: int, tokens: int) -> tuple[PlannedSegment, ...]:
+    """`plan` with `tokens` as segment `segment`'s output length."""
+    return plan[:segment] + (replace(plan[segment], output_tokens=tokens),) + plan[segment + 1:]
+
+
 class CallSteps:
-    """Mixed into `MarsSchedulerMixin`, which sets up `lifecycle`, `_tracked`, `_swapper`, `_keeper`."""
+    """Mixed into `MarsSchedulerMixin`, which sets up `lifecycle`, `_tracked`, `_swapper`, `_keeper`, `_told`."""
 
     # --- the engine's side of the lifecycle (`marsched.lifecycle.EngineSide`) -----------
 
@@ -76,7 +81,7 @@ class CallSteps:
 
     def _on_arrival(self, request: Request) -> None:
         now = time.monotonic()
-        meta = decode(request.sampling_params)
+        meta = self._with_told(decode(request.sampling_params))
         plan = self._with_prediction(meta.plan if meta and meta.plan else (PlannedSegment(request.max_tokens),), meta)
         rid = (meta.request_id if meta else None) or request.request_id
         for planned in plan:  # a tool's stated duration is the estimate for its type until one is observed
@@ -89,6 +94,8 @@ class CallSteps:
         tracked = Tracked(progress, rid, request.num_prompt_tokens, plan, now, now, override)
         if meta is not None and meta.predicted is not None and self.mars_config.front_end:
             tracked.front_end_predictions.add(meta.segment)
+        elif meta is not None and meta.request_id is not None and self.mars_config.front_end:
+            self._told.expect(meta.request_id, request.request_id)  # the API server's number may follow
         self._tracked[request.request_id] = tracked
         if meta is not None and meta.conversation is not None:
             tracked.conversation, tracked.tool_s, tracked.retain = meta.conversation, meta.tool_s, meta.retain
@@ -112,8 +119,44 @@ class CallSteps:
         """The plan with the chunk's front-end prediction as its segment's length (learned predictor only)."""
         if meta is None or meta.predicted is None or not self.mars_config.front_end or meta.segment >= len(plan):
             return plan
-        planned = plan[meta.segment]
-        return plan[:meta.segment] + (replace(planned, output_tokens=meta.predicted),) + plan[meta.segment + 1:]
+        return with_length(plan, meta.segment, meta.predicted)
+
+    def _with_told(self, meta: ChunkMeta | None) -> ChunkMeta | None:
+        """The metadata of an arriving request, with the number the API server told before it
+        (`told_predictions.py`) where it carries none."""
+        if meta is None or meta.predicted is not None or not self.mars_config.front_end:
+            return meta
+        tokens = self._told.take(meta.request_id)
+        return meta if tokens is None else replace(meta, predicted=tokens)
+
+    def _told_prediction(self, rid: str, tokens: int) -> None:
+        """The API server tells request `rid`'s predicted length after the request (`told_predictions.py`).
+        A request still waiting for its first admission is predicted again and ranked anew; one
+        admitted since can be ordered no more."""
+        internal = self._told.told(rid, tokens)
+        tracked = self._tracked.get(internal) if internal is not None else None
+        request = self.requests.get(internal) if internal is not None else None
+        if tracked is None or request is None:
+            return
+        progress = tracked.progress
+        if (progress.ran_before or progress.segment_index != 0 or progress.segment.api is not None
+                or request not in self.waiting):
+            # Admitted, or a planned call whose strategy was fixed ahead from the plan's length.
+            self._told.late += 1
+            return
+        self._told.while_waiting += 1
+        tracked.plan = with_length(tracked.plan, 0, tokens)
+        progress.request = workload_request(progress.request_id, tracked.prompt_tokens, tracked.plan, tracked.arrival_t)
+        tracked.front_end_predictions.add(0)
+        promoted = progress.promoted  # promoted requests go first whatever their key: leave them in their lane
+        if not promoted:
+            self.waiting.remove_request(request)  # its starvation count is kept in its progress
+        self._sync(tracked, request)
+        self._start_segment(tracked, "waiting")
+        if tracked.conversation is not None:
+            self._programs.turn_predicted(tracked.conversation, progress, progress.predictions[0].output_tokens)
+        if not promoted:
+            self.waiting.add_request(request)
 
     # --- calls ------------------------------------------------------------------------
 

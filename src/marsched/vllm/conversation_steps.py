@@ -3,8 +3,9 @@
 A finished turn of a conversation (a request naming one) keeps its KV by the retention rule's
 strategy until the follow-up arrives; kept conversations give way when the head of the waiting
 queue does not fit; vLLM's abort path carries releases (`marsched-release:<conversation>`),
-the front end's stop-string ends (`marsched-stopped:<request id>`), which are finished turns, and
-the tools a finished turn called (`marsched-tool:<conversation>\\x1f<names>`, `tool_hints.py`).
+the front end's stop-string ends (`marsched-stopped:<request id>`), which are finished turns,
+the tools a finished turn called (`marsched-tool:<conversation>\\x1f<names>`, `tool_hints.py`), and
+the API server's length predictions (`marsched-predicted:<rid>\\x1f<tokens>`, `told_predictions.py`).
 
 The predicted gap of a turn (`GapEstimator`): the client's `tool_s`; else the estimate of the
 tools the turn called, once the API server has said which (the turn is then decided again,
@@ -26,6 +27,7 @@ from marsched.policy.retention import GapSource, RetentionMode
 from marsched.vllm.retention import RELEASE_PREFIX
 from marsched.vllm.signals import wake_engine
 from marsched.vllm.stop_strings import STOPPED_PREFIX, split_marked
+from marsched.vllm.told_predictions import PREDICTED_PREFIX, read_prediction
 from marsched.vllm.tool_hints import TOOL_PREFIX, read_hint
 from marsched.vllm.tracked import RetentionDecision, Tracked
 
@@ -48,7 +50,8 @@ class ConversationSteps:
         """vLLM's abort path, also carrying releases: `marsched-release:<conversation>` ends that
         conversation's retention (a front end whose client went away, or a last turn),
         `marsched-stopped:<request id>` says that the request ended on a stop string, and
-        `marsched-tool:<conversation>\\x1f<names>` which tools a conversation's finished turn called."""
+        `marsched-tool:<conversation>\\x1f<names>` which tools a conversation's finished turn called,
+        and `marsched-predicted:<rid>\\x1f<tokens>` a request's predicted length."""
         if request_ids is None:
             return super().finish_requests(request_ids, finished_status)
         ids = [request_ids] if isinstance(request_ids, str) else list(request_ids)
@@ -63,6 +66,17 @@ class ConversationSteps:
                 self._tool_hint(hint)
             except Exception:  # noqa: BLE001 - a hint only sharpens a prediction; the engine goes on
                 logger.exception("marsched: a tool hint failed")
+        ids, told = split_marked(ids, PREDICTED_PREFIX)
+        for text in told:
+            read = read_prediction(text)
+            if read is None:
+                continue
+            try:
+                self._told_prediction(*read)
+            except Exception:  # noqa: BLE001 - a told number only sharpens a ranking; the engine goes on
+                logger.exception("marsched: a told length prediction failed")
+        if told and self._swapper is not None:
+            self._swapper.snapshot_dirty = True  # a step publishes the counters, also on an idle engine
         ids, stopped = split_marked(ids, STOPPED_PREFIX)
         finished: list[Request] = []
         if stopped and finished_status == RequestStatus.FINISHED_ABORTED:

@@ -52,9 +52,19 @@ class ProgramLedger:
         progress.waited_s += record.waited_s
         progress.attained_iterations += record.attained_iterations
         progress.attained_before_segment = progress.attained_iterations
+        progress.program = self._outlook(record, predicted_tokens)
+
+    def turn_predicted(self, conversation: str, progress: RequestProgress, predicted_tokens: int) -> None:
+        """A waiting turn's reply was predicted anew (told after it arrived): its outlook takes the number."""
+        record = self._programs.get(conversation)
+        if record is not None and progress.program is not None:
+            progress.program = self._outlook(record, predicted_tokens)
+
+    def _outlook(self, record: ProgramRecord, predicted_tokens: int) -> ProgramOutlook:
+        """A turn's outlook: the program's mean reply once a turn ended (else the prediction), and its mean growth."""
         output = record.output_tokens / record.ended_turns if record.ended_turns else predicted_tokens
         growth = (record.last_context - record.first_context) / (record.turns - 1) if record.turns > 1 else output
-        progress.program = ProgramOutlook(self.lengths.turns_left(record.turns), float(output), float(growth))
+        return ProgramOutlook(self.lengths.turns_left(record.turns), float(output), float(growth))
 
     def turn_ends(self, conversation: str, progress: RequestProgress, last: bool) -> None:
         """A turn ends: its program keeps what it waited and was served; a last turn ends the program."""

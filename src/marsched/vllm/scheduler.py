@@ -48,6 +48,7 @@ from marsched.vllm.programs import ProgramLedger
 from marsched.vllm.running_order import RunningOrder
 from marsched.vllm.signals import engine_input_queue, wake_engine_on_shutdown_signals
 from marsched.vllm.snapshot import Inspection
+from marsched.vllm.told_predictions import ToldPredictions
 from marsched.vllm.tool_hints import ConversationTools
 from marsched.vllm.trace import open_trace
 from marsched.vllm.tracked import Kv, Tracked
@@ -98,6 +99,7 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         self._gaps = GapEstimator()
         self._tools = ConversationTools()  # which tools each conversation's gaps follow
         self._programs = ProgramLedger()
+        self._told = ToldPredictions()  # length predictions the API server sends after their requests
         self.lifecycle = CallLifecycle(self.mars_policy, self.waiting, self, self.mars_trace,
                                        handle_of=self._tracked.get, on_event=self._on_event,
                                        on_fault=self._fail_tracked)
@@ -398,12 +400,14 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
                 logger.exception("marsched: bookkeeping for finished request %s failed", rid)
                 self._tracked.pop(rid, None)
                 self._in_call.pop(rid, None)
+                self._told.forget(tracked.rid, rid)
         return result
 
     def _forget_finished(self, request: Request, tracked: Tracked) -> None:
         rid = request.request_id
         if tracked.conversation is not None:
             self._programs.turn_ends(tracked.conversation, tracked.progress, last=not tracked.retain)
+        self._told.forget(tracked.rid, rid)
         self.waiting.queue.finished(rid)
         self._keeper.forget(rid)
         self._left_call(tracked)

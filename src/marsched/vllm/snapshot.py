@@ -32,6 +32,8 @@ class Inspection:
                 "predicted_output_tokens": prediction.output_tokens if prediction else None,
                 "predicted_api_s": prediction.api_duration_s if prediction else None,
                 "predicted_return_tokens": prediction.api_return_tokens if prediction else None,
+                # where its length came from: the front end's number, or the plan's (`max_tokens`)
+                "prediction_source": "front-end" if index in tracked.front_end_predictions else "plan",
                 "strategy": tracked.strategies[index] if index < len(tracked.strategies) else
                 (last.strategy.value if last else None),
                 "assigned_s": assignments[0].assigned_s if assignments else None,
@@ -64,6 +66,7 @@ class Inspection:
             "tool_gap_global_s": self._gaps.global_s,
             "tool_gaps": self._gaps.snapshot(),
             **self._programs.snapshot(),
+            **self._told.snapshot(),
         }
         if request_id is not None:
             found = self._done.get(request_id)
