@@ -199,7 +199,10 @@ def test_the_request_reaches_vllm_before_its_prediction_is_made():
         async def __call__(self, scope, receive, send):
             order.append("request")
             reached.set()
-            await super().__call__(scope, receive, send)
+            await receive()
+            await send({"type": "http.response.start", "status": 200, "headers": []})
+            order.append("start")  # a streamed response starts before its first token
+            await send({"type": "http.response.body", "body": b"{}"})
 
     def predict(batch):
         assert reached.wait(10), "the model ran before the request went on"
@@ -210,8 +213,9 @@ def test_the_request_reaches_vllm_before_its_prediction_is_made():
     app, core = App(), EngineCore()
     middleware = PredictionMiddleware(app, Predictions(predict, "slow model"))
     sent = call(middleware, chat("hi"), engine_core=core)
-    assert order == ["request", "prediction"]
-    assert dict(sent[0]["headers"])[b"x-marsched-predicted"] == b"5"  # the response's start waited for it
+    assert order == ["request", "start", "prediction"]  # neither the request nor its response's start waited
+    assert [message["type"] for message in sent] == ["http.response.start", "http.response.body"]
+    assert dict(sent[0]["headers"])[b"x-marsched-predicted"] == b"5"  # its first body waited for the number
     summary = middleware.predictions.stats.summary()
     assert summary["added_max_ms"] >= 40 and summary["wait_max_ms"] >= 50  # this reply was quicker than the model
 

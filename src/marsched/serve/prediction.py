@@ -16,7 +16,7 @@ The request does not wait for its number: it goes on to vLLM at once, and the nu
 to the scheduler on vLLM's abort path, keyed by the `rid` (`marsched.vllm.told_predictions`),
 which ranks a request that is still waiting anew; a number that comes first waits for its
 request there. The response's `x-marsched-predicted` header carries the number (the response's
-start waits for it if the reply was quicker). A client reusing one `rid` for concurrent requests
+first bytes wait for it if they were ready first). A client reusing one `rid` for concurrent requests
 may see a number reach the wrong one of them.
 
 Predictions of concurrent requests are batched: while one batch runs in a worker thread (never
@@ -367,22 +367,22 @@ class PredictionMiddleware:
     async def _forward(self, scope: dict[str, Any], receive: Any, send: Any, extra: dict[str, Any],
                        conversation: str | None, told: Told | None) -> None:
         """Pass the request on, with what was added in the response's headers; a predicted one's
-        response is read for the conversation's memory. The response's start waits for the number
-        (it is in a header), which is ready long before, unless the reply was quicker."""
+        response is read for the conversation's memory. The number goes in a header, so the
+        response's start is held until its first body, which is when a client could see it: the
+        response is late only if its first bytes were ready before the number (counted as added)."""
         tally = ResponseTally()
         added = [(b"x-marsched-request-id", extra["rid"].encode())] if "rid" in extra else []
+        held: list[dict[str, Any]] = []  # the response's start, waiting for its first body
 
         async def tallied(message: dict[str, Any]) -> None:
             if message["type"] == "http.response.start":
-                headers = list(message.get("headers", [])) + added
+                message = dict(message, headers=list(message.get("headers", [])) + added)
                 if told is not None and self.predictions is not None:
-                    held_from = time.perf_counter()
-                    predicted = await told.task
-                    self.predictions.stats.added(told.features_s + time.perf_counter() - held_from)
-                    if predicted is not None:
-                        headers.append((b"x-marsched-predicted", str(predicted).encode()))
-                message = dict(message, headers=headers)
+                    held.append(message)
+                    return
             elif message["type"] == "http.response.body" and self.predictions is not None and told is not None:
+                if held:
+                    await send(await self._with_number(held.pop(), told))
                 tally.feed(message.get("body", b""))
                 if not message.get("more_body"):
                     tally.close()
@@ -390,6 +390,16 @@ class PredictionMiddleware:
             await send(message)
 
         await self.app(scope, receive, tallied)
+
+    async def _with_number(self, start: dict[str, Any], told: Told) -> dict[str, Any]:
+        """The response's start with the predicted number in its headers, once it is made."""
+        assert self.predictions is not None
+        held_from = time.perf_counter()
+        predicted = await told.task
+        self.predictions.stats.added(told.features_s + time.perf_counter() - held_from)
+        if predicted is None:
+            return start
+        return dict(start, headers=list(start["headers"]) + [(b"x-marsched-predicted", str(predicted).encode())])
 
 
 @dataclass(frozen=True, slots=True)
