@@ -4,8 +4,8 @@ The API server forwards a request at once and predicts its length alongside; the
 the request to the scheduler (`marsched.vllm.told_predictions`). Two times are kept per request:
 
 - `added`: what prediction adds to the request's latency: reading its features on its path,
-  and the time its response's start waits for the number (it goes in a header), which is nothing
-  unless the reply came first;
+  and the time its response's first bytes wait for the number (it goes in a header), which is
+  nothing unless they were ready first;
 - `wait`: from reading the request to its number: the batch in flight, then its own batch. It is
   how late the scheduler may learn the number (`predictions_told_*` in the scheduler's state
   says whether it came in time to rank the request).
