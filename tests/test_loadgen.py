@@ -123,6 +123,8 @@ def test_reply_chars_cuts_the_replies_apart_from_the_new_texts(reply_chars):
         assert after.prompt.text.startswith(turn.prompt.text + reply)
     with pytest.raises(ValueError, match="--reply-chars -1"):
         _parse(rows, 12, -1)
+    with pytest.raises(ValueError, match="--reply-chars 5: only with --turn-chars"):
+        _parse(rows, 0, 5)
 
 
 def test_turn_chars_zero_leaves_the_turns_as_the_trace_has_them():

@@ -254,6 +254,8 @@ def test_cli_rejects_unknown_data_and_mixes(tmp_path):
     (tmp_path / "head.npz").write_bytes(b"")
     run = _marsched("predictor", "eval", head, "--turn-chars", "-1")
     assert run.returncode == 2 and "--turn-chars -1" in run.stderr
+    run = _marsched("predictor", "eval", head, "--reply-chars", "2000")
+    assert run.returncode == 2 and "--reply-chars 2000: only with --turn-chars" in run.stderr
     run = _marsched("predictor", "eval", head, "--turn-chars", "400")
     assert run.returncode == 2 and "only for --data agent-text" in run.stderr
 

@@ -73,10 +73,9 @@ def parse_agent_text(text: str, set_name: str, source: str, turn_chars: int = 0,
                      reply_chars: int | None = None) -> list[Session]:
     """Sessions from the lines of one file (`set_name` prefixes their keys; `source` names it in errors;
     `turn_chars` > 0 bounds the turns, `reply_chars` the replies, `bounded_texts`)."""
-    if turn_chars < 0:
-        raise ValueError(f"--turn-chars {turn_chars}: give 0 (whole turns) or a number of characters >= 1")
-    if reply_chars is not None and reply_chars < 0:
-        raise ValueError(f"--reply-chars {reply_chars}: give 0 (whole replies) or a number of characters >= 1")
+    problem = bounds_problem(turn_chars, reply_chars)
+    if problem is not None:
+        raise ValueError(problem)
     calls: dict[str, list[tuple[int, int, dict]]] = {}  # session id -> (timestamp, line, record)
     for number, line in enumerate(text.splitlines(), start=1):
         if not line.strip():
@@ -97,6 +96,17 @@ def parse_agent_text(text: str, set_name: str, source: str, turn_chars: int = 0,
             turns.append(Turn(TextPrompt(prompt), max(next(lengths), 1), (after - record["timestamp"]) / 1e6))
         sessions.append(Session(f"{set_name}:{sid}", tuple(turns)))
     return sessions
+
+
+def bounds_problem(turn_chars: int, reply_chars: int | None) -> str | None:
+    """What is wrong with `--turn-chars` and `--reply-chars` together, said for the user; None if nothing."""
+    if turn_chars < 0:
+        return f"--turn-chars {turn_chars}: give 0 (whole turns) or a number of characters >= 1"
+    if reply_chars is not None and reply_chars < 0:
+        return f"--reply-chars {reply_chars}: give 0 (whole replies) or a number of characters >= 1"
+    if reply_chars is not None and not turn_chars:
+        return f"--reply-chars {reply_chars}: only with --turn-chars (without it, every reply is whole)"
+    return None
 
 
 def reply_cut(turn_chars: int, reply_chars: int | None) -> int:

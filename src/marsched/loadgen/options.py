@@ -7,7 +7,7 @@ from dataclasses import asdict, dataclass
 from typing import Any
 
 from marsched.bench.options import check_nonnegative, check_positive, check_seed
-from marsched.loadgen.agent_text import SETS, held_out_keys, load_agent_text
+from marsched.loadgen.agent_text import SETS, bounds_problem, held_out_keys, load_agent_text
 from marsched.loadgen.client import base_url
 from marsched.loadgen.session import Session
 
@@ -54,18 +54,12 @@ class LoadgenOptions:
         if self.token_scale != 1 and self.workload != CLAUDE_CODE:
             raise ValueError(f"--token-scale {self.token_scale:g}: only for --workload {CLAUDE_CODE} "
                              "(agent-text sends its text as it is)")
-        if self.turn_chars < 0:
-            raise ValueError(f"--turn-chars {self.turn_chars}: give 0 (whole turns) or a number of characters >= 1")
+        problem = bounds_problem(self.turn_chars, self.reply_chars)
+        if problem is not None:
+            raise ValueError(problem)
         if self.turn_chars and self.workload == CLAUDE_CODE:
             raise ValueError(f"--turn-chars {self.turn_chars}: only for --workload {AGENT_TEXT} "
                              "(claude-code has token counts: use --token-scale)")
-        if self.reply_chars is not None:
-            if self.reply_chars < 0:
-                raise ValueError(f"--reply-chars {self.reply_chars}: give 0 (whole replies) or a number of "
-                                 "characters >= 1")
-            if not self.turn_chars:
-                raise ValueError(f"--reply-chars {self.reply_chars}: only with --turn-chars (without it, "
-                                 "every reply is whole)")
         if self.sessions not in SESSION_CHOICES:
             raise ValueError(f"--sessions {self.sessions!r}: give one of {', '.join(SESSION_CHOICES)}")
         if self.sessions == HELD_OUT and self.workload == CLAUDE_CODE:

@@ -163,15 +163,14 @@ def evaluate(
                                                          "instead (0: whole), as loadgen --reply-chars.")] = None,
 ) -> None:
     """Acc-5, Acc-15, MAE and Kendall's tau on the held-out split, for the head and the baselines."""
+    from marsched.loadgen.agent_text import bounds_problem
     from marsched.predict.head import HEAD_FILE
 
     if not (directory / HEAD_FILE).is_file():
         fail(f"{directory}: no {HEAD_FILE} here (make one with `marsched predictor train --out DIR`)")
-    if turn_chars < 0:
-        fail(f"--turn-chars {turn_chars}: give 0 (whole turns) or a number of characters >= 1")
-    if reply_chars is not None and (reply_chars < 0 or not turn_chars):
-        fail(f"--reply-chars {reply_chars}: give 0 (whole replies) or a number of characters >= 1, "
-             "with --turn-chars")
+    problem = bounds_problem(turn_chars, reply_chars)
+    if problem is not None:
+        fail(problem)
     if _data(data) == "agent-text":
         _evaluate_agent(directory, json_path, turn_chars, reply_chars)
         return

@@ -72,7 +72,7 @@ class ToldPredictions:
         self._expecting: dict[str, str] = {}  # rid -> vLLM's id, for requests that arrived without a number
         self.on_arrival = 0  # told before their request, taken on arrival
         self.while_waiting = 0  # told while their request waited: ranked anew
-        self.late = 0  # told after their request was admitted or ended
+        self.late = 0  # told after their request was admitted (one that ended waits as an early number)
 
     def take(self, rid: str | None) -> int | None:
         """A request named `rid` arrives without a number: the one told before it, if any."""
