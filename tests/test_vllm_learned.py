@@ -17,6 +17,7 @@ pytest.importorskip("vllm")
 if importlib.util.find_spec("all_minilm_l6_v2") is None or importlib.util.find_spec("safetensors") is None:
     pytest.skip("the predict extra is not installed", allow_module_level=True)
 
+from marsched.audit import audit_trace  # noqa: E402
 from marsched.audit.keys import key_policy, recompute_key  # noqa: E402
 from marsched.metrics.trace import read_trace  # noqa: E402
 from marsched.predict.learned import load_model  # noqa: E402
@@ -103,6 +104,9 @@ def test_a_prediction_told_before_during_or_after_its_wait_is_used_as_far_as_it_
     assert predicts("told-late") == [(24, "plan")]
     on_arrival, while_waiting, late = ([b - a for a, b in zip(seen[i], seen[i + 1])] for i in range(3))
     assert (on_arrival, while_waiting, late) == ([1, 0, 0], [0, 1, 0], [0, 0, 1])
+    # A segment predicted twice, and ranked by the second, is sound; the engine runs on (no end yet).
+    found = [v for v in audit_trace(trace, "mars").violations if "no end event" not in v.message]
+    assert found == [], "\n".join(map(str, found))
 
 
 def test_a_served_request_carries_a_learned_prediction(learned_engine):
