@@ -154,7 +154,7 @@ def _prediction_families(summary: dict[str, Any] | None) -> Iterator[Metric]:
                               "Requests that went on unpredicted because the length model failed.",
                               value=summary["failed"])
     for name, text in (("added", "What predicting its length added to a request's latency (reading its features, "
-                                  "and its response waiting for the number), over the most recent requests."),
+                                  "and its first bytes waiting for the number), over the most recent requests."),
                        ("wait", "From reading a request to its predicted length (the batch queue, the model), "
                                 "over the most recent requests; the request does not wait for it.")):
         family = GaugeMetricFamily(f"marsched_prediction_{name}_seconds", text, labels=["quantile"])
