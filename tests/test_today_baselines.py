@@ -15,7 +15,7 @@ from marsched.policy.progress import RequestProgress
 from marsched.policy.queue import WaitingQueue
 from marsched.policy.registry import make_policy
 from marsched.policy.strategy import Strategy
-from marsched.policy.ttl import FixedTtl, PaperTtl, best_ttl, memoryfulness
+from marsched.policy.ttl import MAX_SAMPLES, FixedTtl, PaperTtl, best_ttl, memoryfulness
 from marsched.sim.engine import Simulator
 from marsched.sim.profile import load_profile
 from marsched.workload.model import ApiCall, ApiType, build_request
@@ -33,6 +33,10 @@ def test_the_ttl_maximises_the_chance_of_a_hit_times_its_benefit_less_the_time_h
     assert best_ttl(samples, 1.0) == 0.0
     assert best_ttl([2.0, 2.0, 2.0], 3.0) == 2.0  # the CDF at a repeated value counts all of them
     assert best_ttl([], 5.0) == 0.0
+    assert best_ttl([0.0, 1.0, 1.0, 1.0], 4.0) == 1.0  # a 0 s sample: 1/4·4 at τ = 0 against 4 − 1 at τ = 1
+    assert best_ttl([1.0, 10.0], 1.5) == 0.0  # τ = 1: 1/2·1.5 − 1 < 0
+    assert best_ttl([1.0, 3.0], 4.0) == 1.0  # a tie, 1/2·4 − 1 = 4 − 3: the shorter τ
+    assert best_ttl([1.0, 2.0], 2.0) == 0.0  # a tie with not pinning, 1/2·2 − 1 = 0: no pin
 
 
 def test_memoryfulness_is_minus_the_correlation_of_turns_done_and_left() -> None:
@@ -44,6 +48,11 @@ def test_memoryfulness_is_minus_the_correlation_of_turns_done_and_left() -> None
     k, r = [1, 2, 3, 1], [2, 1, 0, 0]
     assert ttl.eta == pytest.approx(-np.corrcoef(k, r)[0, 1])
     assert memoryfulness(1, 1, 1, 1, 1, 1) == 1.0
+    assert memoryfulness(2, 3, 1, 5, 1, 2) == pytest.approx(-1.0)  # (1, 0), (2, 1): two pairs are enough
+    assert memoryfulness(2, 2, 1, 2, 1, 1) == 1.0  # (1, 0), (1, 1): k does not vary
+    assert memoryfulness(2, 3, 4, 5, 8, 6) == 1.0  # (1, 2), (2, 2): N − k does not vary
+    # Sums that rounding pushed past a correlation's range are held to it.
+    assert memoryfulness(2, 0, 0, 1, 1, 5) == -1.0 and memoryfulness(2, 0, 0, 1, 1, -5) == 1.0
 
 
 def test_the_paper_ttl_starts_cold_then_uses_the_tools_own_durations() -> None:
@@ -68,6 +77,43 @@ def test_the_paper_ttl_starts_cold_then_uses_the_tools_own_durations() -> None:
     assert ttl.ttl_s("math", 500) == 1.0
 
 
+def test_the_paper_ttl_switches_to_a_tools_own_cdf_past_100_samples_and_keeps_its_newest() -> None:
+    """Benefit 4 s: the global CDF of 101 samples of 1 s and 100 of 3 s gives τ = 1 s
+    (101/201·4 − 1 > 4 − 3); the tool's own 3 s samples give 3 s."""
+    ttl = PaperTtl(lambda tokens: tokens / 1000)
+    for _ in range(101):
+        ttl.observe_call("math", 1.0)
+    for _ in range(100):
+        ttl.observe_call("search", 3.0)
+    assert ttl.ttl_s("search", 4000) == 1.0  # 100 samples: not more than 100, so the global CDF
+    assert ttl.ttl_s("never-seen", 4000) == 1.0  # a tool never seen: the global CDF
+    ttl.observe_call("search", 3.0)
+    assert ttl.ttl_s("search", 4000) == 3.0
+    ttl.observe_call("fast", -1.0)  # a clock that went back: 0 s
+    ttl.observe_call("fast", 0.25)
+    assert sorted(ttl._by_tool["fast"]) == [0.0, 0.25]
+    for _ in range(MAX_SAMPLES):  # the window keeps the newest: 1 s samples push the 3 s ones out
+        ttl.observe_call("search", 1.0)
+    for _ in range(MAX_SAMPLES):
+        ttl.observe_call("search", 30.0)
+    assert ttl.ttl_s("search", 50_000) == 30.0  # only 30 s samples left: 50 − 30 > 0
+
+
+def test_the_paper_ttls_queueing_benefit_is_weighted_by_memoryfulness() -> None:
+    """B = T·η + C_prefill: T = 2 s, η = 0.45 (programs of 3 and 1 turns), no prefill cost:
+    B = 0.91 s, so pinning 1 s does not pay (0.91 − 1 < 0); T / η would pay."""
+    ttl = PaperTtl(lambda tokens: 0.0)
+    for _ in range(101):
+        ttl.observe_call("math", 1.0)
+    ttl.observe_program(3)
+    ttl.observe_program(1)
+    assert ttl.eta == pytest.approx(0.4545, abs=1e-4)
+    ttl.observe_queue_delay(2.0)
+    assert ttl.ttl_s("math", 1000) == 0.0
+    ttl.observe_queue_delay(2.6)  # T = 2.3 s: B = 1.045 s, so 1 s pays
+    assert ttl.ttl_s("math", 1000) == 1.0
+
+
 def test_the_public_rule_pins_two_seconds_after_a_fast_tool() -> None:
     ttl = FixedTtl()
     assert ttl.ttl_s("never-seen", 100) == 2.0
@@ -76,6 +122,11 @@ def test_the_public_rule_pins_two_seconds_after_a_fast_tool() -> None:
     assert ttl.ttl_s("math", 100) == 2.0  # mean 1.5 s
     ttl.observe_call("qa", 3.0)
     assert ttl.ttl_s("qa", 100) == 0.0
+    ttl.observe_call("grep", 0.5)
+    ttl.observe_call("grep", 3.0)
+    assert ttl.ttl_s("grep", 100) == 2.0  # the mean of both, 1.75 s, not the last one's 3 s
+    ttl.observe_call("edit", 2.0)
+    assert ttl.ttl_s("edit", 100) == 2.0  # at most 2 s: a mean of exactly 2 s pins
 
 
 def _one_call(rid: str, arrival_s: float, prompt: int, out: int, call_s: float, after: int = 4):
