@@ -10,7 +10,8 @@ from types import SimpleNamespace
 import pytest
 
 from marsched.policy import make_policy
-from marsched.sim.cluster import Routing, Router, conversation_of, parse_routing, simulate_cluster
+from marsched.policy.placement import RankLoad
+from marsched.sim.cluster import MemoryTime, Routing, Router, conversation_of, parse_routing, replica_load, simulate_cluster
 from marsched.sim.select import make_simulator
 from marsched.workload import ApiCall, ApiType, Spawn, build_request
 from marsched.workload.arrivals import poisson_arrivals
@@ -116,8 +117,6 @@ def test_mars_affine_keeps_a_conversation_unless_its_replica_is_overloaded():
 
 
 def test_a_requests_key_is_priced_once_a_segment():
-    from marsched.sim.cluster import MemoryTime
-
     replica = FakeReplica(live=[100.0])
     priced = []
     form = replica.policy.memory_time_form
@@ -135,5 +134,89 @@ def test_names_and_conversations():
         parse_routing("nearest")
     assert conversation_of(single("trace_0002:t3", 0.0, 1, 1)) == "trace_0002"
     assert conversation_of(single("r17", 0.0, 1, 1)) == "r17"
+    assert conversation_of(single("trace_0002:sa1:t0", 0.0, 1, 1)) == "trace_0002"  # a subagent's task
     instances = poisson_arrivals(load_trace("claude-code")[:40], 1.0, 20.0, seed=0)
     assert all(":" in r.template_id for r in instances)  # a task's conversation survives the arrivals
+
+
+def test_memory_time_sums_the_predicted_requests_priced_at_the_replicas_load():
+    replica = FakeReplica(live=[100.0, 20.0])
+    replica.live["unpredicted"] = SimpleNamespace(progress=SimpleNamespace(predictions=[], segment_index=0))
+    replica.live["r2"] = replica.live.pop("r1")  # one after the unpredicted one
+    seen = []
+    form = replica.policy.memory_time_form
+    replica.policy.memory_time_form = lambda progress, load: seen.append(load) or form(progress, load)
+    assert MemoryTime().of(replica) == 120.0
+    assert len(seen) == 2 and all(load is not None and load.iteration_s == 0.01 for load in seen)
+
+
+def test_memory_time_forgets_the_forms_of_ended_requests_past_twice_the_live_and_64():
+    replica = FakeReplica()
+    for i in range(66):
+        replica.add(1.0)
+    memory_time = MemoryTime()
+    memory_time.of(replica)
+    for i in range(1, 66):
+        del replica.live[f"r{i}"]
+    memory_time.of(replica)
+    assert len(memory_time._forms) == 66  # 65 ended, 1 live: not more than 2 + 64
+    replica.live["late"] = replica.live["r0"]
+    memory_time.of(replica)
+    del replica.live["late"]
+    memory_time.of(replica)  # 66 ended, 1 live: more than 2 + 64
+    assert set(memory_time._forms) == {"r0"}
+
+
+def test_a_replicas_load_is_what_it_holds():
+    replica = FakeReplica(live=[5.0, 7.0], waiting=3, running=1, used=25)
+    assert replica_load(replica) == RankLoad(memory_time=0.0, tracked=2, waiting=3, running=1, kv_usage=0.25)
+    assert replica_load(replica, MemoryTime()).memory_time == 12.0
+    replica.device = SimpleNamespace(used=1, capacity=1)
+    assert replica_load(replica).kv_usage == 1.0
+
+
+def test_mars_alone_keeps_no_affinity_and_affinity_holds_at_exactly_the_balance_threshold():
+    replicas = [FakeReplica(live=[100.0]), FakeReplica(live=[120.0])]
+    mars = Router(Routing.MARS, replicas)
+    assert mars.route(single("c:t0", 0.0, 10, 1)) == 0
+    replicas[0].add(60.0)  # 160 against 120: the lighter is replica 1
+    assert mars.route(single("c:t1", 0.0, 10, 1)) == 1
+    replicas = [FakeReplica(live=[50.0]), FakeReplica(live=[100.0])]
+    affine = Router(Routing.MARS_AFFINE, replicas)
+    assert affine.route(single("c:t0", 0.0, 10, 1)) == 0
+    replicas[0].add(250.0)  # 300 = 1.5 x the mean of 300 and 100: still its replica
+    assert affine.route(single("c:t1", 0.0, 10, 1)) == 0
+
+
+def test_round_robin_goes_round_in_order():
+    robin = Router(Routing.ROUND_ROBIN, [FakeReplica() for _ in range(3)])
+    assert [robin.route(single("x:t0", 0.0, 10, 1)) for _ in range(6)] == [0, 1, 2, 0, 1, 2]
+
+
+def test_the_cluster_reports_progress_time_and_refuses_no_replicas():
+    requests = workload()
+    calls = []
+    result = simulate_cluster(requests, replica_of("mars"), 2, Routing.SESSION_AFFINE,
+                              on_progress=lambda done, total: calls.append((done, total)))
+    n = len(requests)
+    assert calls[0] == (0, n) and calls[-1] == (n, n) and len(calls) == n + 1
+    assert 0 <= result.wallclock_s < 600
+    where: dict[str, set[int]] = {}
+    for rank, replica in enumerate(result.replicas):
+        for record in replica.records:
+            where.setdefault(record.request_id.split(":")[0], set()).add(rank)
+    assert all(len(ranks) == 1 for ranks in where.values())  # session-affine: each conversation on one
+    with pytest.raises(ValueError, match="--replicas 0: give 1 or more"):
+        simulate_cluster(requests, replica_of("mars"), 0, Routing.MARS)
+
+
+def test_a_subagents_own_subagents_go_with_it():
+    parent = build_request("P:t0", 100, [(4, ApiCall(ApiType.TOOL, 2.0, 5)), (2, None)], 0.0)
+    child = build_request("P:sa1:t0", 50, [(3, ApiCall(ApiType.TOOL, 1.0, 4)), (2, None)], 0.5)
+    child = dataclasses.replace(child, spawned_by=Spawn("P:t0", 0))
+    grandchild = dataclasses.replace(single("P:sa1:sa2:t0", 0.2, 20, 2), spawned_by=Spawn("P:sa1:t0", 0))
+    others = [single(f"o{i}:t0", 0.01 * i, 30, 2) for i in range(1, 5)]
+    result = simulate_cluster([parent, child, grandchild, *others], replica_of("mars"), 3, Routing.ROUND_ROBIN)
+    where = {r.request_id: rank for rank, replica in enumerate(result.replicas) for r in replica.records}
+    assert where["P:sa1:sa2:t0"] == where["P:sa1:t0"] == where["P:t0"]
+    assert sum(result.routed) == 5
