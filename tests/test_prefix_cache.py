@@ -10,7 +10,7 @@ import pytest
 from marsched.bench.runner import RunSpec, run_one
 from marsched.policy.registry import POLICY_NAMES, make_policy
 from marsched.sim.engine import Simulator
-from marsched.sim.prefix_cache import CachingBlockPool, FreeBlockQueue
+from marsched.sim.prefix_cache import CachingBlockPool, FreeBlockQueue, HostPrefixTier
 from marsched.sim.profile import load_profile, scale_kv_capacity
 from marsched.sim.select import make_simulator
 from marsched.workload.loader import load_trace
@@ -203,3 +203,64 @@ def test_a_hit_leaves_the_last_token_to_compute() -> None:
     assert sim._prefix_hit(held) == 3
     held.progress.context_tokens += 1
     assert sim._prefix_hit(held) == 4
+
+
+def test_the_free_queue_refuses_impossible_moves_and_keeps_one_copy_of_a_prefix() -> None:
+    queue = FreeBlockQueue(0)
+    with pytest.raises(ValueError, match="free queue: cannot take back 2 blocks with 3 full"):
+        queue.release(None, 2, 3)
+    with pytest.raises(ValueError, match="cannot take back -1 blocks with 0 full"):
+        queue.release(None, -1)
+    with pytest.raises(RuntimeError, match="free queue: cannot hand out 5 blocks with 0 free"):
+        queue.allocate(5)
+    queue.release("a", 2)  # blocks that are not full keep no content
+    assert queue.cached("a") == 0 and queue.free == 2
+    queue.release("a", 2, 2)
+    queue.release("a", 3, 3)  # the same request's prefix again: the older copy is stale
+    assert queue.cached("a") == 3 and queue.cached_blocks == 3 and queue.free == 7
+    queue.check()
+    pool = CachingBlockPool("device", 4)
+    pool.allocate(2)
+    pool.release(2, "b")
+    assert pool.name == "device" and pool.queue.cached("b") == 0 and pool.free == 4
+
+
+def _negative_dead_run(queue: FreeBlockQueue) -> None:
+    """A run with -1 dead blocks and one more cached: every total still adds up."""
+    run = next(iter(queue._runs.values()))
+    run.dead, run.cached = -1, run.cached + 1
+    queue.cached_blocks += 1
+
+
+@pytest.mark.parametrize("corrupt, message", [
+    (lambda q: setattr(q, "free", q.free + 1), "blocks in runs"),
+    (lambda q: setattr(q, "cached_blocks", q.cached_blocks + 1), "cached"),
+    (_negative_dead_run, "blocks in runs"),
+    (lambda q: q._run_of.__setitem__("ghost", 99), "the owners' runs do not match the index"),
+])
+def test_the_free_queues_check_finds_a_queue_that_does_not_add_up(corrupt, message) -> None:
+    queue = FreeBlockQueue(2)
+    queue.allocate(2)
+    queue.release("a", 2, 2)
+    queue.check()
+    corrupt(queue)
+    with pytest.raises(AssertionError, match=message):
+        queue.check()
+
+
+def test_the_host_tier_evicts_the_least_recently_stored_tail_first() -> None:
+    tier = HostPrefixTier(10)
+    tier.store("a", 4)
+    tier.store("b", 4)
+    tier.store("c", 4)  # 2 over: a's last 2 blocks go
+    assert (tier.stored("a"), tier.stored("b"), tier.stored("c"), tier.used) == (2, 4, 4, 10)
+    tier.store("a", 1)  # stored again: as many as it had, most recent now
+    assert (tier.stored("a"), tier.used) == (2, 10)
+    tier.store("d", 5)  # 5 over: b whole, then 1 of c
+    assert (tier.stored("b"), tier.stored("c"), tier.stored("a"), tier.stored("d"), tier.used) == (0, 3, 2, 5, 10)
+    tier.retire("d")  # ended: its blocks stay until evicted
+    assert (tier.stored("d"), tier.used) == (0, 10)
+    tier.truncate("c", 1)
+    assert (tier.stored("c"), tier.used) == (1, 8)
+    tier.store("e", 20)  # no more than the tier holds
+    assert (tier.stored("e"), tier.stored("a"), tier.stored("c"), tier.used) == (10, 0, 0, 10)
