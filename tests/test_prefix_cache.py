@@ -264,3 +264,50 @@ def test_the_host_tier_evicts_the_least_recently_stored_tail_first() -> None:
     assert (tier.stored("c"), tier.used) == (1, 8)
     tier.store("e", 20)  # no more than the tier holds
     assert (tier.stored("e"), tier.stored("a"), tier.stored("c"), tier.used) == (10, 0, 0, 10)
+
+
+def test_a_compacted_context_takes_back_only_the_prefix_it_kept() -> None:
+    """Stock vLLM ends a 4-block prompt at its call; the client keeps 2 blocks and adds 2 blocks
+    and 12 tokens: the return takes back 2 blocks, not the 4 cached ones it no longer starts with."""
+    profile = load_profile("gptj-6b-a100")
+    block = profile.block_tokens
+    call = ApiCall(ApiType.TOOL, 5.0, 2 * block + 12, kept_tokens=2 * block)
+    request = build_request("a", 4 * block, [(8, call), (8, None)], 0.0)
+    trace = Recorder()
+    Simulator([request], profile, make_policy("vllm", profile.cost, prefix_cache=True), trace=trace).run()
+    assert [e["prefill_tokens"] for e in trace.events if e["event"] == "admit"] == [4 * block, 2 * block + 12]
+
+
+def test_a_compaction_cuts_the_cached_copies_on_the_device_and_the_host() -> None:
+    profile = load_profile("gptj-6b-a100")
+    block = profile.block_tokens
+    sim = Simulator([], profile, make_policy("vllm-offload", profile.cost, prefix_cache=True))
+    sim.device.allocate(4)
+    sim.device.release(4, "x", 4)
+    sim.host_tier.store("x", 4)
+    sim._forget_past("x", 2 * block + 5)
+    assert (sim.device.queue.cached("x"), sim.host_tier.stored("x")) == (2, 2)
+
+
+def test_a_host_hit_loads_what_the_device_lost_over_the_link_before_computing() -> None:
+    """x's first block survived on the device and all 5 on the host: with exactly 5 blocks free it
+    takes the first back and loads the other 4 over the link."""
+    from marsched.policy.progress import RequestProgress
+    from marsched.sim.request import Phase, SimRequest
+
+    profile = load_profile("gptj-6b-a100")
+    block = profile.block_tokens
+    sim = Simulator([], profile, make_policy("vllm-offload", profile.cost, prefix_cache=True))
+    device = sim.device
+    device.allocate(device.capacity)
+    device.release(5, "x", 5)
+    device.allocate(4)  # x's last 4 blocks are evicted
+    device.release(4)
+    sim.host_tier.store("x", 5)
+    assert (device.queue.cached("x"), device.free) == (1, 5)
+    held = SimRequest(RequestProgress(build_request("x", 5 * block + 1, [(1, None)]), order_s=0.0))
+    assert sim._start_prefix_load(held, 1)
+    assert (device.free, held.device_blocks, held.phase) == (0, 5, Phase.SWAPPING_IN)
+    assert (held.transfer.tokens_left, held.transfer.blocks) == (4 * block, 4)
+    again = SimRequest(RequestProgress(build_request("x", 5 * block + 1, [(1, None)]), order_s=0.0))
+    assert not sim._start_prefix_load(again, 0)  # no room: it waits

@@ -224,6 +224,9 @@ class Simulator(PrefixReuse, IterationRun):
         if call.compacts:
             self._drop_compacted(sim_request, cached_after_call(progress.computed_tokens, call.kept_tokens,
                                                                 progress.context_tokens))
+            # The freed copies of the context keep their content up to the kept prefix, whatever
+            # the request still holds (stock vLLM holds none at a call, yet hits its prefix).
+            self._forget_past(sim_request.rid, call.kept_tokens)
         self.lifecycle.start_segment(sim_request, "paused")
         if sim_request.device_blocks:
             where = "device"
@@ -247,7 +250,6 @@ class Simulator(PrefixReuse, IterationRun):
         self.device.release(from_device)
         sim_request.device_blocks -= from_device
         sim_request.progress.computed_tokens = min(sim_request.progress.computed_tokens, keep_tokens)
-        self._forget_past(sim_request.rid, keep_tokens)
 
     def _reconsider_paused(self) -> None:
         self.lifecycle.reconsider_paused()
