@@ -151,12 +151,14 @@ class CallSteps:
         promoted = progress.promoted  # promoted requests go first whatever their key: leave them in their lane
         if not promoted:
             self.waiting.remove_request(request)  # its starvation count is kept in its progress
-        self._sync(tracked, request)
-        self._start_segment(tracked, "waiting")
-        if tracked.conversation is not None:
-            self._programs.turn_predicted(tracked.conversation, progress, progress.predictions[0].output_tokens)
-        if not promoted:
-            self.waiting.add_request(request)
+        try:
+            self._sync(tracked, request)
+            self._start_segment(tracked, "waiting")
+            if tracked.conversation is not None:
+                self._programs.turn_predicted(tracked.conversation, progress, progress.predictions[0].output_tokens)
+        finally:  # whatever failed, the request stays in the queue
+            if not promoted:
+                self.waiting.add_request(request)
 
     # --- calls ------------------------------------------------------------------------
 
