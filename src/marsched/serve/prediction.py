@@ -51,6 +51,7 @@ from marsched.serve.prediction_stats import PredictionStats, publish
 from marsched.serve.program_fields import AliasError, alias_fields, merged_xargs, own_fields
 from marsched.serve.tool_fields import tools_error
 from marsched.serve.turn_text import TurnText, chat_turn, completion_turn
+from marsched.vllm.told_predictions import send_prediction
 
 ENV = "MARSCHED_PREDICTOR"
 PATHS = COMPLETION_PATHS
@@ -355,8 +356,6 @@ class PredictionMiddleware:
             predicted = min(predicted, cap)
         predicted = max(predicted, 1)
         if engine is not None:
-            from marsched.vllm.told_predictions import send_prediction
-
             try:
                 await send_prediction(engine, rid, predicted)
             except Exception:  # noqa: BLE001 - the scheduler ranks the request by its plan
