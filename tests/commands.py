@@ -3,8 +3,8 @@
 A command such as `marsched bench` starts a vLLM engine (an engine-core process that imports
 vLLM) and takes tens of seconds, mostly one core's work, while its test
 only reads what it wrote. So the session runs them as shared things (`shared.SharedPool`), one
-after the other in its background thread, after the engines and servers, while the other tests
-run on the other core; conftest.py moves the tests that read them to the end of the session.
+after the other in a background thread of their own, from the session's start, while the other
+tests run; conftest.py moves the tests that read them to the end of the session.
 
 A command is one or more steps (argument lists) run in order in a folder of its own; a step that
 fails ends the command. Each step runs in its own process group, and what it left alive there
@@ -182,4 +182,13 @@ PARITY = CommandConfig(
     env=lambda env: env,
 )
 
-SHARED = {config.name: config for config in (BENCH, HTTP_BENCH, OVERHEAD, PARITY)}
+# `marsched calibrate --fast` as a user runs it (test_calibrate_vllm.py).
+CALIBRATE_KV_GB = 0.02
+CALIBRATE = CommandConfig(
+    "calibrate_run",
+    lambda model, folder: [marsched("calibrate", "--model", model, "--out", str(folder / "calibrated.json"), "--fast",
+                                    "--kv-cache-gb", str(CALIBRATE_KV_GB))],
+    timeout_s=380.0,
+)
+
+SHARED = {config.name: config for config in (BENCH, HTTP_BENCH, OVERHEAD, PARITY, CALIBRATE)}

@@ -5,8 +5,7 @@ tests/commands.py) are session fixtures of their names: those the collected test
 the session, one after the other in the background, and each is stopped after the last test that
 uses it. A test marked `stops_shared` (it stops its shared engine or server itself) runs after the
 other tests on it. The tests that read a command's outcome run last, so that the commands run in
-the background while the other tests run; after them, the tests that measure time
-(`quiet_machine`), once the background is done.
+the background while the other tests run.
 """
 
 from __future__ import annotations
@@ -63,10 +62,9 @@ def _shared_of(item: pytest.Item) -> list[str]:
 @pytest.hookimpl(trylast=True)  # after -m/-k deselection
 def pytest_collection_modifyitems(config: pytest.Config, items: list[pytest.Item]) -> None:
     readers = [item for item in items if set(_shared_of(item)) & set(commands.SHARED)]
-    quiet = [item for item in items if "quiet_machine" in item.fixturenames]
-    for item in readers + quiet:  # stable: they keep their order among themselves
+    for item in readers:  # stable: they keep their order among themselves
         items.remove(item)
-    items.extend(readers + quiet)
+    items.extend(readers)
     for stopper in [item for item in items if item.get_closest_marker("stops_shared")]:
         names = set(_shared_of(stopper))
         items.remove(stopper)
@@ -90,7 +88,8 @@ def pytest_runtest_teardown(item: pytest.Item, nextitem: pytest.Item | None):
 
 @pytest.fixture(scope="session")
 def shared_pool(tiny_model, tmp_path_factory):
-    pool = SharedPool(SHARED, tiny_model, tmp_path_factory.mktemp, list(_first_use))
+    lanes = [[name for name in _first_use if (name in commands.SHARED) == is_command] for is_command in (False, True)]
+    pool = SharedPool(SHARED, tiny_model, tmp_path_factory.mktemp, lanes)
     _pool.append(pool)
     yield pool
     pool.close()
@@ -99,16 +98,9 @@ def shared_pool(tiny_model, tmp_path_factory):
 
 @pytest.fixture(scope="session", autouse=True)
 def _shared_start_early(request):
-    """What the session shares starts with it, one after the other in the background (shared.py)."""
+    """What the session shares starts with it, in the background (shared.py)."""
     if _first_use and importlib.util.find_spec("vllm") is not None:  # without vLLM, their tests skip
         request.getfixturevalue("shared_pool").start_in_background()
-
-
-@pytest.fixture
-def quiet_machine():
-    """For a test that measures time: it runs last, once the background starts and commands are done."""
-    if _pool:
-        _pool[0].wait_background(900)
 
 
 def _shared_fixture(name: str, doc: str):
@@ -136,4 +128,5 @@ bench_run = _shared_fixture("bench_run", "`commands.BENCH`: `marsched model`, th
 http_bench_run = _shared_fixture("http_bench_run", "`commands.HTTP_BENCH`: a short HTTP comparison.")
 overhead_run = _shared_fixture("overhead_run", "`commands.OVERHEAD`: the overhead benchmark, connector on.")
 parity_run = _shared_fixture("parity_run", "`commands.PARITY`: the lifecycle parity stream on real vLLM.")
+calibrate_run = _shared_fixture("calibrate_run", "`commands.CALIBRATE`: `marsched calibrate --fast`.")
 assert all(name in globals() for name in SHARED), "a shared engine or server without its fixture"

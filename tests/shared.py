@@ -1,11 +1,13 @@
 """Engines, servers and commands shared by the tests of a session, one per configuration.
 
 Starting a vLLM engine costs more than most of the tests that use it: an AsyncLLM starts an
-engine-core process that imports vLLM, a `marsched serve` three such processes one after
-the other. Each start is mostly one core's work, so when the session starts the pool starts
-every configuration the collected tests need, one after the other in a background thread, in
-the order the tests first use them: the tests before theirs run meanwhile on the other core.
-A test that needs one sooner starts it at once. conftest.py hands each out as a session
+engine-core process that imports vLLM, a `marsched serve` two or three such processes one
+after the other. Each start is mostly one core's work, so when the session starts the pool
+starts every configuration the collected tests need, in the order the tests first use them,
+one after the other in a background thread per lane: the engines and servers in one, while the
+tests before theirs run on the other core; the commands, which only the session's last tests
+read, in another, so that they run beside the rest rather than after it. A test that needs one
+sooner starts it at once. conftest.py hands each out as a session
 fixture of its name and stops it after the last test that uses it.
 
 A shared thing is built by `factory(model, folder)`, which starts it without waiting, and has
@@ -22,12 +24,12 @@ from typing import Any, Callable
 
 class SharedPool:
     def __init__(self, factories: dict[str, Callable[[str, Path], Any]], model: str,
-                 folder_for: Callable[[str], Path], order: list[str]) -> None:
-        self.factories, self.model, self.folder_for, self.order = factories, model, folder_for, order
+                 folder_for: Callable[[str], Path], lanes: list[list[str]]) -> None:
+        self.factories, self.model, self.folder_for, self.lanes = factories, model, folder_for, lanes
         self.started: dict[str, Any] = {}
         self.closed: set[str] = set()
         self._lock = threading.Lock()
-        self._background: threading.Thread | None = None
+        self._background: list[threading.Thread] = []
 
     def _start(self, name: str) -> Any:
         """`name`'s shared thing, started now unless it was already; None once stopped."""
@@ -39,8 +41,8 @@ class SharedPool:
             return self.started[name]
 
     def start_in_background(self) -> None:
-        def one_after_another():
-            for name in self.order:
+        def one_after_another(lane: list[str]):
+            for name in lane:
                 shared = self._start(name)
                 try:
                     if shared is not None:
@@ -48,13 +50,10 @@ class SharedPool:
                 except BaseException:  # noqa: BLE001 - raised again to the tests that get it
                     pass
 
-        self._background = threading.Thread(target=one_after_another, name="shared-start", daemon=True)
-        self._background.start()
-
-    def wait_background(self, timeout_s: float) -> None:
-        """Wait until the background thread has started (and, for commands, run) all it had to."""
-        if self._background is not None:
-            self._background.join(timeout_s)
+        for i, lane in enumerate(self.lanes):
+            thread = threading.Thread(target=one_after_another, args=(lane,), name=f"shared-start-{i}", daemon=True)
+            thread.start()
+            self._background.append(thread)
 
     def get(self, name: str) -> Any:
         shared = self._start(name)
@@ -71,6 +70,6 @@ class SharedPool:
 
     def close(self) -> None:
         with self._lock:
-            self.closed.update(self.order)
+            self.closed.update(name for lane in self.lanes for name in lane)
         for name in list(self.started):
             self.stop(name)
