@@ -23,3 +23,7 @@ marsched compare --trace claude-code --profile llama3-70b-4xh100 --token-scale 0
 marsched compare --trace multi --profile gptj-6b-a100 $N --qps 3,4,5,6 --json results/today/noisy/multi-gptj-6b-a100.json
 marsched compare --trace single --profile gptj-6b-a100 $N --qps 3,4,5,6 --json results/today/noisy/single-gptj-6b-a100.json
 marsched compare --trace agent --profile gptj-6b-a100 $N --qps 0.1,0.2,0.4 --json results/today/noisy/agent-gptj-6b-a100.json
+# MARS's starvation settings on every set above (docs/results.md, "The trade-off"): the runs, then
+# the table and results/today/frontier/frontier.png.
+python -m marsched.experiments.today_frontier run
+python -m marsched.experiments.today_frontier

@@ -1,0 +1,178 @@
+"""MARS's mean/p99 trade-off against today's baselines: its starvation variants on every set of
+results/today/commands.sh, each load against the best other policy at that load.
+
+    python -m marsched.experiments.today_frontier run     the variants' runs: results/today/frontier/*.json
+    python -m marsched.experiments.today_frontier         the table (docs/results.md) and frontier.png
+
+Each variant is scored as the goals read: its worst mean ratio over the loads (against the best
+other policy by mean at each load), its mean ratio at the most loaded point, and its worst p99
+ratio over the loads (against the best other by p99). The default's runs are the MARS records of
+results/today/<set>.json; the other policies' records come from there too (`vllm-v0` is there
+for reference only, as in docs/results.md).
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[3] / "results" / "today"
+MEAN_GOAL_TOP = 0.6  # mean at the most loaded point over the best other's
+TIE = 1.01  # mean and p99 at every load over the best other's
+REFERENCE_ONLY = "vllm-v0"  # the paper's engine, run for reference: not one of the "other" policies
+
+
+@dataclass(frozen=True)
+class TodaySet:
+    name: str  # results/today/<name>.json
+    trace: str
+    profile: str
+    loads: tuple[float, ...]
+    token_scale: float = 1.0
+
+
+SETS = (
+    TodaySet("claude-code-llama3-8b-h100", "claude-code", "llama3-8b-h100", (0.25, 0.5, 1, 2, 4), 0.14),
+    TodaySet("claude-code-llama3-70b-4xh100", "claude-code", "llama3-70b-4xh100", (0.125, 0.25, 0.5, 1, 2), 0.14),
+    TodaySet("multi-gptj-6b-a100", "multi", "gptj-6b-a100", (3, 4, 5, 6)),
+    TodaySet("single-gptj-6b-a100", "single", "gptj-6b-a100", (3, 4, 5, 6)),
+    TodaySet("agent-gptj-6b-a100", "agent", "gptj-6b-a100", (0.1, 0.2, 0.4)),
+)
+
+
+@dataclass(frozen=True)
+class Variant:
+    label: str
+    args: tuple[str, ...]  # marsched compare's starvation flags
+    file: str  # results/today/frontier/<set>-<file>.json; "" for the default (the set's own runs)
+
+
+def variants() -> list[Variant]:
+    """The `fcfs-wait` multiples (2 is the default), `age` thresholds and no prevention at all."""
+    from marsched.policy.registry import DEFAULT_STARVATION, STARVATION_VARIANTS
+
+    default = STARVATION_VARIANTS[DEFAULT_STARVATION]
+    out = []
+    for multiple in (0.8, 1, 1.25, 1.5, 2, 3, 4):
+        if DEFAULT_STARVATION == "fcfs-wait" and multiple == default.fcfs_multiple:
+            out.append(Variant(f"fcfs-wait:{multiple:g} (default)", (), ""))
+        else:
+            out.append(Variant(f"fcfs-wait:{multiple:g}", ("--starvation", f"fcfs-wait:{multiple:g}"),
+                               f"fcfs{multiple:g}"))
+    for threshold in (15, 60, 240):
+        out.append(Variant(f"age {threshold} s", ("--starvation", "age", "--starvation-threshold", str(threshold)),
+                           f"age{threshold}"))
+    return out + [Variant("off", ("--starvation", "off"), "off")]
+
+
+def run() -> None:
+    """Every variant but the default on every set, all loads in one compare each."""
+    folder = ROOT / "frontier"
+    folder.mkdir(parents=True, exist_ok=True)
+    todo = [(s, v) for s in SETS for v in variants() if v.file]
+    for i, (s, v) in enumerate(todo, 1):
+        out = folder / f"{s.name}-{v.file}.json"
+        print(f"[{i}/{len(todo)}] {s.name} {v.label}", file=sys.stderr, flush=True)
+        subprocess.run([sys.executable, "-m", "marsched.cli", "compare", "--trace", s.trace, "--profile", s.profile,
+                        "--token-scale", f"{s.token_scale:g}", "--policies", "mars", *v.args,
+                        "--qps", ",".join(f"{q:g}" for q in s.loads), "--duration", "600", "--seed", "0",
+                        "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
+
+
+@dataclass(frozen=True)
+class Score:
+    worst_mean: float  # max over loads of MARS's mean / the best other's
+    top_mean: float  # at the most loaded point
+    worst_p99: float  # max over loads of MARS's p99 / the best other's (by p99)
+    max_wait_s: float
+
+
+def score(mars: dict[float, dict], others: list[dict], loads: tuple[float, ...]) -> Score:
+    """`mars`: MARS's record per load; `others`: every other policy's records of the set."""
+    mean_ratios, p99_ratios = [], []
+    for q in loads:
+        at = [r for r in others if r["qps"] == q]
+        mean_ratios.append(mars[q]["e2e_mean_s"] / min(r["e2e_mean_s"] for r in at))
+        p99_ratios.append(mars[q]["e2e_p99_s"] / min(r["e2e_p99_s"] for r in at))
+    return Score(max(mean_ratios), mean_ratios[-1], max(p99_ratios), max(mars[q]["max_queue_wait_s"] for q in loads))
+
+
+def scores(today: Path = ROOT) -> dict[str, dict[str, Score]]:
+    """Set name -> variant label -> its score, for the variants whose runs are there."""
+    out: dict[str, dict[str, Score]] = {}
+    for s in SETS:
+        if not (today / f"{s.name}.json").exists():
+            continue
+        records = json.loads((today / f"{s.name}.json").read_text())
+        others = [r for r in records if r["policy"] not in ("mars", REFERENCE_ONLY)]
+        for v in variants():
+            path = today / "frontier" / f"{s.name}-{v.file}.json" if v.file else today / f"{s.name}.json"
+            if not path.exists():
+                continue
+            mars = {r["qps"]: r for r in json.loads(path.read_text()) if r["policy"] == "mars"}
+            if all(q in mars for q in s.loads):
+                out.setdefault(s.name, {})[v.label] = score(mars, others, s.loads)
+    return out
+
+
+def table(by_set: dict[str, dict[str, Score]]) -> str:
+    """One row per variant, one column per set; each cell: worst mean / mean at the most loaded
+    point / worst p99, over the best other policy's."""
+    names = list(by_set)
+    lines = ["| starvation | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    for v in variants():
+        cells = [f"{c.worst_mean:.2f} / {c.top_mean:.2f} / {c.worst_p99:.2f}" if (c := by_set[n].get(v.label)) else ""
+                 for n in names]
+        lines.append(f"| {v.label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def plot(by_set: dict[str, dict[str, Score]], path: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, axes = plt.subplots(1, len(by_set), figsize=(4.6 * len(by_set), 4.4), squeeze=False)
+    for ax, (name, by_variant) in zip(axes[0], by_set.items()):
+        fcfs = [(c.worst_p99, c.top_mean) for label, c in by_variant.items() if label.startswith("fcfs-wait")]
+        ax.plot([p for p, _ in fcfs], [m for _, m in fcfs], "-", color="tab:blue", alpha=0.5, zorder=1)
+        for label, c in by_variant.items():
+            color = "tab:blue" if label.startswith("fcfs-wait") else "tab:orange" if label.startswith("age") else "tab:gray"
+            star = "default" in label
+            ax.scatter([c.worst_p99], [c.top_mean], color=color, marker="*" if star else "o", s=160 if star else 40,
+                       zorder=2)
+            ax.annotate(label.replace(" (default)", "*"), (c.worst_p99, c.top_mean), fontsize=7, xytext=(4, 3),
+                        textcoords="offset points")
+        ax.axvline(TIE, color="black", lw=0.8)
+        ax.axhline(MEAN_GOAL_TOP, color="black", lw=0.8, ls="--")
+        ax.set_title(name, fontsize=9)
+        ax.set_xlabel("worst p99 over the loads / best other's")
+        ax.set_ylabel("mean at the most loaded point / best other's")
+    fig.suptitle("MARS starvation variants against today's baselines: lower left is better")
+    fig.tight_layout()
+    fig.savefig(path, dpi=110)
+    plt.close(fig)
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["run"]:
+        run()
+        return 0
+    if argv:
+        print("usage: python -m marsched.experiments.today_frontier [run]", file=sys.stderr)
+        return 2
+    by_set = scores(ROOT)
+    if not by_set:
+        print(f"today_frontier: no results in {ROOT}: run results/today/commands.sh first", file=sys.stderr)
+        return 1
+    print(table(by_set))
+    plot(by_set, ROOT / "frontier" / "frontier.png")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

@@ -1,0 +1,52 @@
+"""The trade-off table against today's baselines (`marsched.experiments.today_frontier`): each
+variant scored as the goals read, against the best other policy at each load."""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from marsched.experiments import today_frontier
+from marsched.experiments.today_frontier import SETS, Score, score, scores, table
+
+
+def rec(policy: str, qps: float, mean: float, p99: float, wait: float = 0.0) -> dict:
+    return {"policy": policy, "qps": qps, "e2e_mean_s": mean, "e2e_p99_s": p99, "max_queue_wait_s": wait}
+
+
+def test_each_load_is_against_the_best_other_by_mean_and_by_p99_on_their_own():
+    # At 1 qps the best mean is A's (10) and the best p99 is B's (30); at 2 qps both are B's.
+    others = [rec("a", 1, 10, 40), rec("b", 1, 12, 30), rec("a", 2, 50, 90), rec("b", 2, 40, 80)]
+    mars = {1: rec("mars", 1, 11, 33, wait=5), 2: rec("mars", 2, 20, 84, wait=9)}
+    got = score(mars, others, (1, 2))
+    assert got == Score(worst_mean=pytest.approx(1.1), top_mean=pytest.approx(0.5), worst_p99=pytest.approx(1.1),
+                        max_wait_s=9)
+
+
+def test_the_reference_engine_is_not_an_other_policy_and_missing_sets_are_left_out(tmp_path):
+    s = SETS[-1]
+    top = s.loads[-1]
+    records = [rec(p, q, 10, 10) for p in ("infercept", "mars") for q in s.loads]
+    records.append(rec("vllm-v0", top, 1, 1))  # faster than anything: it must not be the "best other"
+    (tmp_path / f"{s.name}.json").write_text(json.dumps(records))
+    (tmp_path / "frontier").mkdir()
+    off = [rec("mars", q, 5, 20) for q in s.loads]
+    (tmp_path / "frontier" / f"{s.name}-off.json").write_text(json.dumps(off))
+    (tmp_path / "frontier" / f"{s.name}-fcfs4.json").write_text(json.dumps(off[:-1]))  # a load missing: left out
+
+    got = scores(tmp_path)
+    assert list(got) == [s.name]
+    assert got[s.name]["fcfs-wait:2 (default)"] == Score(1.0, 1.0, 1.0, 0.0)
+    assert got[s.name]["off"] == Score(0.5, 0.5, 2.0, 0.0)
+    assert "fcfs-wait:4" not in got[s.name]
+    rows = table(got).splitlines()
+    assert rows[0] == f"| starvation | {s.name} |"
+    assert "| off | 0.50 / 0.50 / 2.00 |" in rows and "| fcfs-wait:4 |  |" in rows
+
+
+def test_without_results_it_says_what_to_run(tmp_path, monkeypatch, capsys):
+    monkeypatch.setattr(today_frontier, "ROOT", tmp_path)
+    assert today_frontier.main([]) == 1
+    assert "commands.sh" in capsys.readouterr().err
+    assert today_frontier.main(["tables"]) == 2
