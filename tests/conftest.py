@@ -2,8 +2,8 @@
 
 The shared ones (tests/shared.py; configurations in tests/engines.py, tests/servers.py and
 tests/commands.py) are session fixtures of their names: those the collected tests use start with
-the session, one after the other in the background, and each is stopped after the last test that
-uses it. A test marked `stops_shared` (it stops its shared engine or server itself) runs after the
+the session in the background (the engines and servers one after the other, the commands one
+after the other beside them), and each is stopped after the last test that uses it. A test marked `stops_shared` (it stops its shared engine or server itself) runs after the
 other tests on it. The tests that read a command's outcome run last, so that the commands run in
 the background while the other tests run.
 """
