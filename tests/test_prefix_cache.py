@@ -311,3 +311,24 @@ def test_a_host_hit_loads_what_the_device_lost_over_the_link_before_computing() 
     assert (held.transfer.tokens_left, held.transfer.blocks) == (4 * block, 4)
     again = SimRequest(RequestProgress(build_request("x", 5 * block + 1, [(1, None)]), order_s=0.0))
     assert not sim._start_prefix_load(again, 0)  # no room: it waits
+
+
+def test_the_invariants_catch_a_free_queue_that_drifts_from_its_pool() -> None:
+    """A block taken from the pool for a live request but never from the prefix cache's free
+    queue: the accounting of held blocks agrees, the free queue does not."""
+    profile = load_profile("gptj-6b-a100")
+    requests = poisson_arrivals(load_trace("agent"), 0.5, 20, 3)[:2]
+    corrupted = []
+
+    def corrupt_once(s):
+        s.check_invariants()  # consistent until corrupted
+        if not corrupted and s.live:
+            corrupted.append(True)
+            next(iter(s.live.values())).device_blocks += 1
+            s.device.used += 1
+            s.check_invariants()
+
+    sim = make_simulator(requests, profile, make_policy("vllm", profile.cost, prefix_cache=True), on_step=corrupt_once)
+    assert sim.device.queue is not None
+    with pytest.raises(AssertionError, match=r"^free queue holds \d+ blocks, the pool has \d+ free$"):
+        sim.run()

@@ -192,7 +192,35 @@ def test_check_invariants_catches_accounting_errors():
     corrupt_at_step(1, pool_drift, "block accounting: device")
     corrupt_at_step(1, host_drift, "host 1 vs 0")
     corrupt_at_step(1, overfull_blocks, "r: .* computed tokens in .* blocks")
-    corrupt_at_step(1, over_capacity, "outside its capacity")
+    corrupt_at_step(1, over_capacity, "^block pool outside its capacity$")
+
+
+def test_during_a_transfer_only_the_device_copy_holds_the_computed_tokens():
+    """A request moving to or from the host holds blocks in both pools, but what it computed must
+    fit in its device blocks alone: one token past them is an accounting error even though the
+    host copy would hold it."""
+    from marsched.sim.profile import load_profile, scale_kv_capacity
+    from marsched.sim.select import make_simulator
+    from marsched.workload.arrivals import poisson_arrivals
+    from marsched.workload.loader import load_trace
+
+    profile = scale_kv_capacity(load_profile("gptj-6b-a100"), 0.05)
+    moving = []
+
+    def corrupt_a_moving_request(s):
+        s.check_invariants()  # consistent until corrupted, and again once put back
+        for r in s.live.values():
+            if not moving and r.transfer is not None and r.device_blocks and r.host_blocks:
+                moving.append(r.rid)
+                computed, r.progress.computed_tokens = r.progress.computed_tokens, r.device_blocks * s.block_tokens + 1
+                with pytest.raises(AssertionError, match=f"^{r.rid}: .* computed tokens in {r.device_blocks} blocks$"):
+                    s.check_invariants()
+                r.progress.computed_tokens = computed
+
+    sim = make_simulator(poisson_arrivals(load_trace("single"), 2, 60, 1), profile,
+                         make_policy("infercept", profile.cost), on_step=corrupt_a_moving_request)
+    sim.run()
+    assert moving
 
 
 @pytest.mark.parametrize("method, blocks, message", [
