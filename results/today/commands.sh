@@ -27,3 +27,7 @@ marsched compare --trace agent --profile gptj-6b-a100 $N --qps 0.1,0.2,0.4 --jso
 # the table and results/today/frontier/frontier.png.
 python -m marsched.experiments.today_frontier run
 python -m marsched.experiments.today_frontier
+# What gives MARS its gain (docs/ablation.md, last section): the runs at each set's most loaded
+# point, then the table.
+python -m marsched.experiments.today_ablation run
+python -m marsched.experiments.today_ablation

@@ -1,0 +1,85 @@
+"""What in MARS gives its gain against today's baselines: at the most loaded point of every set of
+results/today/commands.sh, the fixed-strategy policies, shortest-predicted-first, and MARS without
+its admission rule and starvation prevention, beside the baselines; mean and p99 over INFERCEPT's.
+
+    python -m marsched.experiments.today_ablation run     the runs: results/today/ablation/*.json
+    python -m marsched.experiments.today_ablation         the table (docs/ablation.md)
+"""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+from marsched.experiments.today_frontier import ROOT, SETS
+
+# (label, results file suffix, marsched compare flags); "" reads the set's own runs
+RUNS = (
+    ("preserve, discard, swap, sjf", "policies", ("--policies", "preserve,discard,swap,sjf")),
+    ("mars, greedy admission", "greedy", ("--policies", "mars", "--admission", "greedy")),
+    ("mars, greedy admission, no starvation prevention", "greedy-off",
+     ("--policies", "mars", "--admission", "greedy", "--starvation", "off")),
+)
+ROWS = ("vllm", "vllm-offload", "continuum", "autellix", "discard", "preserve", "swap", "infercept", "sjf",
+        "mars, greedy admission, no starvation prevention", "mars, greedy admission", "mars")
+
+
+def run() -> None:
+    folder = ROOT / "ablation"
+    folder.mkdir(parents=True, exist_ok=True)
+    for i, s in enumerate(SETS, 1):
+        print(f"[{i}/{len(SETS)}] {s.name} at {s.loads[-1]:g} qps", file=sys.stderr, flush=True)
+        for _, suffix, flags in RUNS:
+            subprocess.run([sys.executable, "-m", "marsched.cli", "compare", "--trace", s.trace, "--profile", s.profile,
+                            "--token-scale", f"{s.token_scale:g}", "--qps", f"{s.loads[-1]:g}", *flags,
+                            "--duration", "600", "--seed", "0", "--json", str(folder / f"{s.name}-{suffix}.json")],
+                           check=True, stdout=subprocess.DEVNULL)
+
+
+def records_at_top(today: Path = ROOT) -> dict[str, dict[str, dict]]:
+    """Set name -> row label -> its record at the set's most loaded point."""
+    out: dict[str, dict[str, dict]] = {}
+    for s in SETS:
+        top = s.loads[-1]
+        rows = {r["policy"]: r for r in json.loads((today / f"{s.name}.json").read_text()) if r["qps"] == top}
+        for label, suffix, _ in RUNS:
+            for r in json.loads((today / "ablation" / f"{s.name}-{suffix}.json").read_text()):
+                rows[r["policy"] if label.startswith("preserve") else label] = r
+        out[s.name] = rows
+    return out
+
+
+def table(by_set: dict[str, dict[str, dict]]) -> str:
+    """Mean / p99 end-to-end over INFERCEPT's, one row per policy or variant."""
+    top = {s.name: s.loads[-1] for s in SETS}
+    lines = ["| mean / p99 over INFERCEPT's | " + " | ".join(f"{n}, {top[n]:g} qps" for n in by_set) + " |",
+             "| --- |" + " --- |" * len(by_set)]
+    for label in ROWS:
+        cells = []
+        for rows in by_set.values():
+            r, infercept = rows[label], rows["infercept"]
+            cells.append(f"{r['e2e_mean_s'] / infercept['e2e_mean_s']:.2f} / {r['e2e_p99_s'] / infercept['e2e_p99_s']:.2f}")
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str]) -> int:
+    if argv == ["run"]:
+        run()
+        return 0
+    if argv:
+        print("usage: python -m marsched.experiments.today_ablation [run]", file=sys.stderr)
+        return 2
+    missing = [s.name for s in SETS if not (ROOT / "ablation" / f"{s.name}-{RUNS[0][1]}.json").exists()]
+    if missing:
+        print(f"today_ablation: no runs for {', '.join(missing)} in {ROOT / 'ablation'}: run "
+              "`python -m marsched.experiments.today_ablation run` first", file=sys.stderr)
+        return 1
+    print(table(records_at_top(ROOT)))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
