@@ -11,17 +11,16 @@ from marsched.experiments import today_frontier
 from marsched.experiments.today_frontier import SETS, Score, score, scores, table
 
 
-def rec(policy: str, qps: float, mean: float, p99: float, wait: float = 0.0) -> dict:
-    return {"policy": policy, "qps": qps, "e2e_mean_s": mean, "e2e_p99_s": p99, "max_queue_wait_s": wait}
+def rec(policy: str, qps: float, mean: float, p99: float) -> dict:
+    return {"policy": policy, "qps": qps, "e2e_mean_s": mean, "e2e_p99_s": p99}
 
 
 def test_each_load_is_against_the_best_other_by_mean_and_by_p99_on_their_own():
     # At 1 qps the best mean is A's (10) and the best p99 is B's (30); at 2 qps both are B's.
     others = [rec("a", 1, 10, 40), rec("b", 1, 12, 30), rec("a", 2, 50, 90), rec("b", 2, 40, 80)]
-    mars = {1: rec("mars", 1, 11, 33, wait=5), 2: rec("mars", 2, 20, 84, wait=9)}
+    mars = {1: rec("mars", 1, 11, 33), 2: rec("mars", 2, 20, 84)}
     got = score(mars, others, (1, 2))
-    assert got == Score(worst_mean=pytest.approx(1.1), top_mean=pytest.approx(0.5), worst_p99=pytest.approx(1.1),
-                        max_wait_s=9)
+    assert got == Score(worst_mean=pytest.approx(1.1), top_mean=pytest.approx(0.5), worst_p99=pytest.approx(1.1))
 
 
 def test_the_reference_engine_is_not_an_other_policy_and_missing_sets_are_left_out(tmp_path):
@@ -37,8 +36,8 @@ def test_the_reference_engine_is_not_an_other_policy_and_missing_sets_are_left_o
 
     got = scores(tmp_path)
     assert list(got) == [s.name]
-    assert got[s.name]["fcfs-wait:2 (default)"] == Score(1.0, 1.0, 1.0, 0.0)
-    assert got[s.name]["off"] == Score(0.5, 0.5, 2.0, 0.0)
+    assert got[s.name]["fcfs-wait:2 (default)"] == Score(1.0, 1.0, 1.0)
+    assert got[s.name]["off"] == Score(0.5, 0.5, 2.0)
     assert "fcfs-wait:4" not in got[s.name]
     rows = table(got).splitlines()
     assert rows[0] == f"| starvation | {s.name} |"
@@ -50,3 +49,13 @@ def test_without_results_it_says_what_to_run(tmp_path, monkeypatch, capsys):
     assert today_frontier.main([]) == 1
     assert "commands.sh" in capsys.readouterr().err
     assert today_frontier.main(["tables"]) == 2
+
+
+def test_a_sets_compare_runs_its_trace_profile_scale_and_flags_as_the_commands_do(tmp_path):
+    from marsched.experiments.today_frontier import TodaySet
+
+    s = TodaySet("t", "single", "gptj-6b-a100", (3,), 0.5)
+    s.compare(s.loads, ("--policies", "mars", "--starvation", "off"), tmp_path / "out.json")
+    (r,) = json.loads((tmp_path / "out.json").read_text())
+    assert (r["policy"], r["trace"], r["profile"], r["qps"], r["token_scale"]) == ("mars", "single", "gptj-6b-a100", 3, 0.5)
+    assert (r["starvation"], r["duration_s"], r["seed"]) == ("off", 600.0, 0)

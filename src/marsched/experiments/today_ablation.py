@@ -9,7 +9,6 @@ its admission rule and starvation prevention, beside the baselines; mean and p99
 from __future__ import annotations
 
 import json
-import subprocess
 import sys
 from pathlib import Path
 
@@ -32,10 +31,7 @@ def run() -> None:
     for i, s in enumerate(SETS, 1):
         print(f"[{i}/{len(SETS)}] {s.name} at {s.loads[-1]:g} qps", file=sys.stderr, flush=True)
         for _, suffix, flags in RUNS:
-            subprocess.run([sys.executable, "-m", "marsched.cli", "compare", "--trace", s.trace, "--profile", s.profile,
-                            "--token-scale", f"{s.token_scale:g}", "--qps", f"{s.loads[-1]:g}", *flags,
-                            "--duration", "600", "--seed", "0", "--json", str(folder / f"{s.name}-{suffix}.json")],
-                           check=True, stdout=subprocess.DEVNULL)
+            s.compare(s.loads[-1:], flags, folder / f"{s.name}-{suffix}.json")
 
 
 def records_at_top(today: Path = ROOT) -> dict[str, dict[str, dict]]:

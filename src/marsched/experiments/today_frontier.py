@@ -33,6 +33,13 @@ class TodaySet:
     loads: tuple[float, ...]
     token_scale: float = 1.0
 
+    def compare(self, loads: tuple[float, ...], flags: tuple[str, ...], out: Path) -> None:
+        """`marsched compare` on this set at `loads` with `flags`, as results/today/commands.sh runs
+        it (600 s, seed 0), its records to `out`."""
+        subprocess.run([sys.executable, "-m", "marsched.cli", "compare", "--trace", self.trace, "--profile", self.profile,
+                        "--token-scale", f"{self.token_scale:g}", *flags, "--qps", ",".join(f"{q:g}" for q in loads),
+                        "--duration", "600", "--seed", "0", "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
+
 
 SETS = (
     TodaySet("claude-code-llama3-8b-h100", "claude-code", "llama3-8b-h100", (0.25, 0.5, 1, 2, 4), 0.14),
@@ -74,12 +81,8 @@ def run() -> None:
     folder.mkdir(parents=True, exist_ok=True)
     todo = [(s, v) for s in SETS for v in variants() if v.file]
     for i, (s, v) in enumerate(todo, 1):
-        out = folder / f"{s.name}-{v.file}.json"
         print(f"[{i}/{len(todo)}] {s.name} {v.label}", file=sys.stderr, flush=True)
-        subprocess.run([sys.executable, "-m", "marsched.cli", "compare", "--trace", s.trace, "--profile", s.profile,
-                        "--token-scale", f"{s.token_scale:g}", "--policies", "mars", *v.args,
-                        "--qps", ",".join(f"{q:g}" for q in s.loads), "--duration", "600", "--seed", "0",
-                        "--json", str(out)], check=True, stdout=subprocess.DEVNULL)
+        s.compare(s.loads, ("--policies", "mars", *v.args), folder / f"{s.name}-{v.file}.json")
 
 
 @dataclass(frozen=True)
@@ -87,7 +90,6 @@ class Score:
     worst_mean: float  # max over loads of MARS's mean / the best other's
     top_mean: float  # at the most loaded point
     worst_p99: float  # max over loads of MARS's p99 / the best other's (by p99)
-    max_wait_s: float
 
 
 def score(mars: dict[float, dict], others: list[dict], loads: tuple[float, ...]) -> Score:
@@ -97,7 +99,7 @@ def score(mars: dict[float, dict], others: list[dict], loads: tuple[float, ...])
         at = [r for r in others if r["qps"] == q]
         mean_ratios.append(mars[q]["e2e_mean_s"] / min(r["e2e_mean_s"] for r in at))
         p99_ratios.append(mars[q]["e2e_p99_s"] / min(r["e2e_p99_s"] for r in at))
-    return Score(max(mean_ratios), mean_ratios[-1], max(p99_ratios), max(mars[q]["max_queue_wait_s"] for q in loads))
+    return Score(max(mean_ratios), mean_ratios[-1], max(p99_ratios))
 
 
 def scores(today: Path = ROOT) -> dict[str, dict[str, Score]]:
