@@ -332,3 +332,75 @@ def test_the_invariants_catch_a_free_queue_that_drifts_from_its_pool() -> None:
     assert sim.device.queue is not None
     with pytest.raises(AssertionError, match=r"^free queue holds \d+ blocks, the pool has \d+ free$"):
         sim.run()
+
+
+def _swapped(sim: Simulator, rid: str, computed_tokens: int):
+    """A request back from a swapped call: its computed tokens in host blocks, none on the device."""
+    from marsched.policy.progress import RequestProgress
+    from marsched.sim.memory import blocks_for
+    from marsched.sim.request import Phase, SimRequest
+
+    held = SimRequest(RequestProgress(build_request(rid, computed_tokens + 4, [(1, None)]), order_s=0.0))
+    held.progress.computed_tokens = computed_tokens
+    held.host_blocks = blocks_for(computed_tokens, sim.block_tokens)
+    sim.host.allocate(held.host_blocks)
+    held.phase = Phase.SWAPPED
+    sim.live[rid] = held
+    return held
+
+
+def test_a_swap_in_copies_only_what_the_device_cache_lost() -> None:
+    """A swap-out frees the device blocks with their content, as vLLM frees them: x swapped 4 full
+    blocks and 5 tokens out. With all 4 still cached it copies back only its last, partial block;
+    with the last 2 evicted, 3 blocks. z waits while its cached blocks are all that is free. y,
+    whose 3 blocks were all full and all cached, copies nothing and runs at once."""
+    from marsched.sim.request import Phase
+
+    profile = load_profile("gptj-6b-a100")
+    block = profile.block_tokens
+    for evicted in (0, 2):
+        sim = Simulator([], profile, make_policy("swap", profile.cost, prefix_cache=True))
+        device = sim.device
+        device.allocate(device.capacity)
+        device.release(5, "x", 4)  # the partial block has no content to keep: it goes to the head
+        device.allocate(1 + evicted)
+        device.release(1 + evicted)
+        x = _swapped(sim, "x", 4 * block + 5)
+        assert device.queue.cached("x") == 4 - evicted
+        assert sim._start_swap_in(x)
+        assert (x.device_blocks, x.phase, x.host_blocks) == (5, Phase.SWAPPING_IN, 5)
+        assert (x.transfer.blocks, x.transfer.tokens_left) == (1 + evicted, (evicted * block) + 5)
+        assert device.free == 0 and device.queue.cached("x") == 0
+
+    sim = Simulator([], profile, make_policy("swap", profile.cost, prefix_cache=True))
+    sim.device.allocate(sim.device.capacity)
+    sim.device.release(3, "z", 3)
+    z = _swapped(sim, "z", 4 * block)
+    assert not sim._start_swap_in(z)  # 4 blocks to hold, 3 free (its own cached ones): it waits
+    assert (z.device_blocks, sim.device.queue.cached("z")) == (0, 3)
+
+    sim = Simulator([], profile, make_policy("swap", profile.cost, prefix_cache=True))
+    sim.device.allocate(3)
+    sim.device.release(3, "y", 3)
+    y = _swapped(sim, "y", 3 * block)
+    assert sim._start_swap_in(y)
+    assert (y.device_blocks, y.host_blocks, y.transfer, y.phase) == (3, 0, None, Phase.RUNNING)
+    assert y in sim.running and sim.host.used == 0 and len(sim.link_in) == 0
+    sim.check_invariants()
+
+
+def test_a_swapped_call_comes_back_from_the_device_cache_when_memory_is_free() -> None:
+    """One request alone, Swap at its call: with the prefix cache its full blocks are still on the
+    device when the call returns, so the swap-in copies only the partial last block and the
+    request ends sooner; without it the whole context comes back over the link."""
+    profile = load_profile("gptj-6b-a100")
+    block = profile.block_tokens
+    copied, e2e = {}, {}
+    for cached in (True, False):
+        trace = Recorder()
+        result = Simulator([_one_call_request("a", 0.0, prompt=4 * block, out=8)], profile,
+                           make_policy("swap", profile.cost, prefix_cache=cached), trace=trace).run()
+        copied[cached] = [e["blocks"] for e in trace.events if e["event"] == "swap_in"]
+        e2e[cached] = result.records[0].e2e_s
+    assert copied == {True: [1], False: [5]}
+    assert e2e[True] < e2e[False]

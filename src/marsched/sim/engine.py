@@ -376,14 +376,24 @@ class Simulator(PrefixReuse, IterationRun):
         self.queue.push(progress, self.load(), self.iteration)
 
     def _start_swap_in(self, sim_request: SimRequest) -> bool:
+        """Bring a swapped request back: its leading blocks still cached on the device are taken
+        back and only the rest is copied in (as the Swap connector loads only past a local prefix
+        hit, `kv_swap.HostSwapConnector.update_state_after_alloc`)."""
         blocks = sim_request.host_blocks
-        if blocks > self.device.free:
+        if blocks > self.device.free:  # the cached blocks are free blocks too
             return False
-        self.device.allocate(blocks)
+        hit = min(self._prefix_hit(sim_request), blocks)
+        if hit:
+            self.device.take_back(sim_request.rid, hit)
+        self.device.allocate(blocks - hit)
         sim_request.device_blocks = blocks
         self._leave_queue(sim_request, 0)
+        if hit == blocks:  # all of it still on the device: nothing to copy
+            self._swapped_in(sim_request, 0, self.now)
+            return True
         sim_request.phase = Phase.SWAPPING_IN
-        sim_request.transfer = self.link_in.start(sim_request, sim_request.progress.computed_tokens, blocks)
+        sim_request.transfer = self.link_in.start(
+            sim_request, sim_request.progress.computed_tokens - hit * self.block_tokens, blocks - hit)
         return True
 
     # --- calls and completion ---------------------------------------------------------

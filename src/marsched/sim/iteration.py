@@ -117,14 +117,22 @@ class IterationRun:
         for transfer in self.link_out.advance(seconds):
             sim_request: SimRequest = transfer.owner
             sim_request.transfer = None
-            self.device.release(sim_request.device_blocks)
-            self.lifecycle.swapped_out(sim_request, sim_request.device_blocks, self.now + seconds)
+            blocks = sim_request.device_blocks
+            if self.policy.prefix_cache:  # the freed blocks keep their content until handed out
+                self.device.release(blocks, sim_request.rid, self._full_blocks(sim_request))
+            else:
+                self.device.release(blocks)
+            self.lifecycle.swapped_out(sim_request, blocks, self.now + seconds)
             sim_request.device_blocks = 0
         for transfer in self.link_in.advance(seconds):
-            sim_request = transfer.owner
-            sim_request.transfer = None
-            self.host.release(sim_request.host_blocks)  # none for a prefix load: the host keeps its copy
-            self.lifecycle.swapped_in(sim_request, transfer.blocks, self.now + seconds)
-            sim_request.host_blocks = 0
-            sim_request.phase = Phase.RUNNING
-            self.running.append(sim_request)
+            transfer.owner.transfer = None
+            self._swapped_in(transfer.owner, transfer.blocks, self.now + seconds)
+
+    def _swapped_in(self, sim_request: SimRequest, copied_blocks: int, t: float) -> None:
+        """Its blocks are all on the device: it runs. The host copy is dropped (a prefix load
+        holds none: the host tier keeps its copy)."""
+        self.host.release(sim_request.host_blocks)
+        self.lifecycle.swapped_in(sim_request, copied_blocks, t)
+        sim_request.host_blocks = 0
+        sim_request.phase = Phase.RUNNING
+        self.running.append(sim_request)
