@@ -404,3 +404,16 @@ def test_a_swapped_call_comes_back_from_the_device_cache_when_memory_is_free() -
         e2e[cached] = result.records[0].e2e_s
     assert copied == {True: [1], False: [5]}
     assert e2e[True] < e2e[False]
+
+
+def test_a_swap_in_with_nothing_to_copy_runs_on_an_otherwise_idle_engine() -> None:
+    """A prompt of exactly 4 blocks and a call after one token (whose KV is not computed yet): all
+    its blocks are full, so the swap-in after the call copies nothing. Alone on the engine, it must
+    still run on (no transfer, call or arrival is left to wake the engine)."""
+    profile = load_profile("gptj-6b-a100")
+    block = profile.block_tokens
+    request = build_request("a", 4 * block, [(1, ApiCall(ApiType.MATH, 5.0, 4)), (8, None)], 0.0)
+    trace = Recorder()
+    result = Simulator([request], profile, make_policy("swap", profile.cost, prefix_cache=True), trace=trace).run()
+    assert [e["blocks"] for e in trace.events if e["event"] == "swap_in"] == [0]
+    assert len(result.records) == 1

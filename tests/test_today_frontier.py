@@ -59,3 +59,36 @@ def test_a_sets_compare_runs_its_trace_profile_scale_and_flags_as_the_commands_d
     (r,) = json.loads((tmp_path / "out.json").read_text())
     assert (r["policy"], r["trace"], r["profile"], r["qps"], r["token_scale"]) == ("mars", "single", "gptj-6b-a100", 3, 0.5)
     assert (r["starvation"], r["duration_s"], r["seed"]) == ("off", 600.0, 0)
+
+
+class _Recorded(today_frontier.TodaySet):
+    """A set whose compare writes its flags instead of running (the runner is what is tested)."""
+
+    def compare(self, loads, flags, out):
+        if "fail" in flags:
+            raise RuntimeError(f"{out.name} failed")
+        out.write_text(json.dumps({"loads": list(loads), "flags": list(flags)}))
+
+
+def test_the_runs_go_on_every_worker_each_once_with_a_progress_line(tmp_path, capsys):
+    from marsched.experiments.today_frontier import Compare, run_compares
+
+    s = _Recorded("t", "single", "gptj-6b-a100", (3, 4))
+    todo = [Compare(f"run {i}", s, s.loads[-1:], ("--x", str(i)), tmp_path / f"{i}.json") for i in range(5)]
+    run_compares(todo, workers=2)
+    assert [json.loads((tmp_path / f"{i}.json").read_text()) for i in range(5)] == [
+        {"loads": [4], "flags": ["--x", str(i)]} for i in range(5)]
+    err = capsys.readouterr().err.splitlines()
+    assert [line.split("] ")[0] for line in err] == [f"[{k}/5" for k in range(1, 6)]  # counted as they end
+    assert sorted(line.split("] ")[1] for line in err) == [f"run {i}" for i in range(5)]
+
+
+def test_a_failed_run_stops_the_ones_not_started(tmp_path):
+    from marsched.experiments.today_frontier import Compare, run_compares
+
+    s = _Recorded("t", "single", "gptj-6b-a100", (3,))
+    todo = [Compare("bad", s, s.loads, ("fail",), tmp_path / "bad.json")]
+    todo += [Compare(f"run {i}", s, s.loads, (), tmp_path / f"{i}.json") for i in range(3)]
+    with pytest.raises(RuntimeError, match="bad.json failed"):
+        run_compares(todo, workers=1)
+    assert not any((tmp_path / f"{i}.json").exists() for i in range(1, 3))

@@ -14,6 +14,19 @@ marsched compare --trace single --profile gptj-6b-a100 --policies $P --qps 3,4,5
   --json results/today/single-gptj-6b-a100.json
 marsched compare --trace agent --profile gptj-6b-a100 --policies $P --qps 0.1,0.2,0.4 --duration 600 --seed 0 \
   --json results/today/agent-gptj-6b-a100.json
+# The bundled traces on the H100 profiles (tokens × 1), loads found the same way: light to past saturation.
+marsched compare --trace multi --profile llama3-8b-h100 --policies $P --qps 8,16,32,48 --duration 600 --seed 0 \
+  --json results/today/multi-llama3-8b-h100.json
+marsched compare --trace multi --profile llama3-70b-4xh100 --policies $P --qps 4,8,16,24 --duration 600 --seed 0 \
+  --json results/today/multi-llama3-70b-4xh100.json
+marsched compare --trace single --profile llama3-8b-h100 --policies $P --qps 16,32,48,64 --duration 600 --seed 0 \
+  --json results/today/single-llama3-8b-h100.json
+marsched compare --trace single --profile llama3-70b-4xh100 --policies $P --qps 8,16,24,32 --duration 600 --seed 0 \
+  --json results/today/single-llama3-70b-4xh100.json
+marsched compare --trace agent --profile llama3-8b-h100 --policies $P --qps 0.4,1.6,3.2,6.4 --duration 600 --seed 0 \
+  --json results/today/agent-llama3-8b-h100.json
+marsched compare --trace agent --profile llama3-70b-4xh100 --policies $P --qps 0.2,0.8,1.6,2.4 --duration 600 --seed 0 \
+  --json results/today/agent-llama3-70b-4xh100.json
 # MARS with noisy length predictions (each off by a lognormal factor, sigma 0.6), same loads.
 N="--policies mars --predictor noisy:0.6 --duration 600 --seed 0"
 marsched compare --trace claude-code --profile llama3-8b-h100 --token-scale 0.14 $N --qps 0.25,0.5,1,2,4 \
@@ -23,6 +36,12 @@ marsched compare --trace claude-code --profile llama3-70b-4xh100 --token-scale 0
 marsched compare --trace multi --profile gptj-6b-a100 $N --qps 3,4,5,6 --json results/today/noisy/multi-gptj-6b-a100.json
 marsched compare --trace single --profile gptj-6b-a100 $N --qps 3,4,5,6 --json results/today/noisy/single-gptj-6b-a100.json
 marsched compare --trace agent --profile gptj-6b-a100 $N --qps 0.1,0.2,0.4 --json results/today/noisy/agent-gptj-6b-a100.json
+marsched compare --trace multi --profile llama3-8b-h100 $N --qps 8,16,32,48 --json results/today/noisy/multi-llama3-8b-h100.json
+marsched compare --trace multi --profile llama3-70b-4xh100 $N --qps 4,8,16,24 --json results/today/noisy/multi-llama3-70b-4xh100.json
+marsched compare --trace single --profile llama3-8b-h100 $N --qps 16,32,48,64 --json results/today/noisy/single-llama3-8b-h100.json
+marsched compare --trace single --profile llama3-70b-4xh100 $N --qps 8,16,24,32 --json results/today/noisy/single-llama3-70b-4xh100.json
+marsched compare --trace agent --profile llama3-8b-h100 $N --qps 0.4,1.6,3.2,6.4 --json results/today/noisy/agent-llama3-8b-h100.json
+marsched compare --trace agent --profile llama3-70b-4xh100 $N --qps 0.2,0.8,1.6,2.4 --json results/today/noisy/agent-llama3-70b-4xh100.json
 # MARS's starvation settings on every set above (docs/results.md, "The trade-off"): the runs, then
 # the table and results/today/frontier/frontier.png.
 python -m marsched.experiments.today_frontier run

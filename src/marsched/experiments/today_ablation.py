@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from marsched.experiments.today_frontier import ROOT, SETS
+from marsched.experiments.today_frontier import ROOT, SETS, Compare, run_compares
 
 # (label, results file suffix, marsched compare flags); "" reads the set's own runs
 RUNS = (
@@ -28,10 +28,8 @@ ROWS = ("vllm", "vllm-offload", "continuum", "autellix", "discard", "preserve", 
 def run() -> None:
     folder = ROOT / "ablation"
     folder.mkdir(parents=True, exist_ok=True)
-    for i, s in enumerate(SETS, 1):
-        print(f"[{i}/{len(SETS)}] {s.name} at {s.loads[-1]:g} qps", file=sys.stderr, flush=True)
-        for _, suffix, flags in RUNS:
-            s.compare(s.loads[-1:], flags, folder / f"{s.name}-{suffix}.json")
+    run_compares([Compare(f"{s.name} at {s.loads[-1]:g} qps: {label}", s, s.loads[-1:], flags,
+                          folder / f"{s.name}-{suffix}.json") for s in SETS for label, suffix, flags in RUNS])
 
 
 def records_at_top(today: Path = ROOT) -> dict[str, dict[str, dict]]:

@@ -14,6 +14,7 @@ for reference only, as in docs/results.md).
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from dataclasses import dataclass
@@ -45,9 +46,45 @@ SETS = (
     TodaySet("claude-code-llama3-8b-h100", "claude-code", "llama3-8b-h100", (0.25, 0.5, 1, 2, 4), 0.14),
     TodaySet("claude-code-llama3-70b-4xh100", "claude-code", "llama3-70b-4xh100", (0.125, 0.25, 0.5, 1, 2), 0.14),
     TodaySet("multi-gptj-6b-a100", "multi", "gptj-6b-a100", (3, 4, 5, 6)),
+    TodaySet("multi-llama3-8b-h100", "multi", "llama3-8b-h100", (8, 16, 32, 48)),
+    TodaySet("multi-llama3-70b-4xh100", "multi", "llama3-70b-4xh100", (4, 8, 16, 24)),
     TodaySet("single-gptj-6b-a100", "single", "gptj-6b-a100", (3, 4, 5, 6)),
+    TodaySet("single-llama3-8b-h100", "single", "llama3-8b-h100", (16, 32, 48, 64)),
+    TodaySet("single-llama3-70b-4xh100", "single", "llama3-70b-4xh100", (8, 16, 24, 32)),
     TodaySet("agent-gptj-6b-a100", "agent", "gptj-6b-a100", (0.1, 0.2, 0.4)),
+    TodaySet("agent-llama3-8b-h100", "agent", "llama3-8b-h100", (0.4, 1.6, 3.2, 6.4)),
+    TodaySet("agent-llama3-70b-4xh100", "agent", "llama3-70b-4xh100", (0.2, 0.8, 1.6, 2.4)),
 )
+
+
+@dataclass(frozen=True)
+class Compare:
+    label: str  # for progress lines
+    set: TodaySet
+    loads: tuple[float, ...]
+    flags: tuple[str, ...]
+    out: Path
+
+
+def run_compares(todo: list[Compare], workers: int | None = None) -> None:
+    """Run the compares, one process each, as many at a time as there are cores; a line on
+    stderr as each ends. A failed one stops the rest (its error is raised)."""
+    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+
+    workers = workers or os.cpu_count() or 1
+    with ThreadPoolExecutor(workers) as pool:
+        pending = {pool.submit(c.set.compare, c.loads, c.flags, c.out): c for c in todo}
+        done = 0
+        while pending:
+            finished, _ = wait(pending, return_when=FIRST_EXCEPTION)
+            for future in finished:
+                c = pending.pop(future)
+                if future.exception() is not None:
+                    for other in pending:
+                        other.cancel()
+                    raise future.exception()
+                done += 1
+                print(f"[{done}/{len(todo)}] {c.label}", file=sys.stderr, flush=True)
 
 
 @dataclass(frozen=True)
@@ -79,10 +116,8 @@ def run() -> None:
     """Every variant but the default on every set, all loads in one compare each."""
     folder = ROOT / "frontier"
     folder.mkdir(parents=True, exist_ok=True)
-    todo = [(s, v) for s in SETS for v in variants() if v.file]
-    for i, (s, v) in enumerate(todo, 1):
-        print(f"[{i}/{len(todo)}] {s.name} {v.label}", file=sys.stderr, flush=True)
-        s.compare(s.loads, ("--policies", "mars", *v.args), folder / f"{s.name}-{v.file}.json")
+    run_compares([Compare(f"{s.name} {v.label}", s, s.loads, ("--policies", "mars", *v.args),
+                          folder / f"{s.name}-{v.file}.json") for s in SETS for v in variants() if v.file])
 
 
 @dataclass(frozen=True)
@@ -92,14 +127,21 @@ class Score:
     worst_p99: float  # max over loads of MARS's p99 / the best other's (by p99)
 
 
+def best_other(others: list[dict], qps: float, metric: str) -> dict:
+    """The other policies' record with the least `metric` at `qps`."""
+    return min((r for r in others if r["qps"] == qps), key=lambda r: r[metric])
+
+
 def score(mars: dict[float, dict], others: list[dict], loads: tuple[float, ...]) -> Score:
     """`mars`: MARS's record per load; `others`: every other policy's records of the set."""
-    mean_ratios, p99_ratios = [], []
-    for q in loads:
-        at = [r for r in others if r["qps"] == q]
-        mean_ratios.append(mars[q]["e2e_mean_s"] / min(r["e2e_mean_s"] for r in at))
-        p99_ratios.append(mars[q]["e2e_p99_s"] / min(r["e2e_p99_s"] for r in at))
+    mean_ratios = [mars[q]["e2e_mean_s"] / best_other(others, q, "e2e_mean_s")["e2e_mean_s"] for q in loads]
+    p99_ratios = [mars[q]["e2e_p99_s"] / best_other(others, q, "e2e_p99_s")["e2e_p99_s"] for q in loads]
     return Score(max(mean_ratios), mean_ratios[-1], max(p99_ratios))
+
+
+def others_of(records: list[dict]) -> list[dict]:
+    """The records of the policies MARS is measured against (not MARS, not the reference engine)."""
+    return [r for r in records if r["policy"] not in ("mars", REFERENCE_ONLY)]
 
 
 def scores(today: Path = ROOT) -> dict[str, dict[str, Score]]:
@@ -109,7 +151,7 @@ def scores(today: Path = ROOT) -> dict[str, dict[str, Score]]:
         if not (today / f"{s.name}.json").exists():
             continue
         records = json.loads((today / f"{s.name}.json").read_text())
-        others = [r for r in records if r["policy"] not in ("mars", REFERENCE_ONLY)]
+        others = others_of(records)
         for v in variants():
             path = today / "frontier" / f"{s.name}-{v.file}.json" if v.file else today / f"{s.name}.json"
             if not path.exists():

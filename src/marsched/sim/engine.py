@@ -125,10 +125,11 @@ class Simulator(PrefixReuse, IterationRun):
             self.lifecycle.promote_starving()
             self.queue.refresh(self.load(), self.iteration)
             batch, settled = self._build_batch()
-            if not batch:
-                self._idle_until_next_event()
-            else:
+            if batch:
                 self._run_batch(batch, settled)
+            elif not any(r.phase is Phase.RUNNING for r in self.running):
+                self._idle_until_next_event()
+            # else: a swap-in with nothing to copy joined the running batch after it was built
             if self.on_step:
                 self.on_step(self)
             if self.on_progress:
