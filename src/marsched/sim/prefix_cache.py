@@ -13,11 +13,11 @@ it goes to the head and is handed out first.
 
 Content identity here is the request's own context: in the simulator's workloads no two
 requests share a prefix, so a request can only take back blocks it freed itself (at a
-discarded call, a preemption, or stock vLLM's end at the call). The queue is kept as the
-blocks without a hash at its head, then runs of full blocks freed together: per run, `dead`
-blocks (content no one will ask for: a finished request's, the remains of a run that was
-taken back) followed by `cached` leading blocks of one request, in queue order (the request's
-tail block first).
+discarded call, a preemption, a swap-out once the host has the copy, or stock vLLM's end at the
+call). The queue is kept as the blocks without a hash at its head, then runs of full blocks
+freed together: per run, `dead` blocks (content no one will ask for: a finished request's, the
+remains of a run that was taken back) followed by `cached` leading blocks of one request, in
+queue order (the request's tail block first).
 """
 
 from __future__ import annotations
