@@ -88,6 +88,7 @@ class Simulator(PrefixReuse, IterationRun):
         self.tau = IterationTime(self.cost)
         self.lifecycle = CallLifecycle(policy, self.queue, self, self.trace, handle_of=self.live.__getitem__)
         self._horizon_s = math.inf
+        self._joined_after_batch = False  # a swap-in with nothing to copy ran after the batch was built
         self._started_t = time.perf_counter()
 
     @property
@@ -124,12 +125,12 @@ class Simulator(PrefixReuse, IterationRun):
             self._reconsider_paused()
             self.lifecycle.promote_starving()
             self.queue.refresh(self.load(), self.iteration)
+            self._joined_after_batch = False
             batch, settled = self._build_batch()
             if batch:
                 self._run_batch(batch, settled)
-            elif not any(r.phase is Phase.RUNNING for r in self.running):
+            elif not self._joined_after_batch:  # else it runs in the next iteration, at this time
                 self._idle_until_next_event()
-            # else: a swap-in with nothing to copy joined the running batch after it was built
             if self.on_step:
                 self.on_step(self)
             if self.on_progress:
@@ -391,6 +392,7 @@ class Simulator(PrefixReuse, IterationRun):
         self._leave_queue(sim_request, 0)
         if hit == blocks:  # all of it still on the device: nothing to copy
             self._swapped_in(sim_request, 0, self.now)
+            self._joined_after_batch = True  # running, but not in the batch already built
             return True
         sim_request.phase = Phase.SWAPPING_IN
         sim_request.transfer = self.link_in.start(
