@@ -4,6 +4,7 @@ variant scored as the goals read, against the best other policy at each load."""
 from __future__ import annotations
 
 import json
+import sys
 
 import pytest
 
@@ -81,6 +82,34 @@ def test_the_runs_go_on_every_worker_each_once_with_a_progress_line(tmp_path, ca
     err = capsys.readouterr().err.splitlines()
     assert [line.split("] ")[0] for line in err] == [f"[{k}/5" for k in range(1, 6)]  # counted as they end
     assert sorted(line.split("] ")[1] for line in err) == [f"run {i}" for i in range(5)]
+
+
+def test_a_progress_line_comes_as_each_run_ends_not_when_all_have(tmp_path, monkeypatch):
+    import io
+    import threading
+
+    from marsched.experiments.today_frontier import Compare, run_compares
+
+    first_line = threading.Event()
+
+    class Stderr(io.StringIO):
+        def write(self, text):
+            if "[1/2] first" in text:
+                first_line.set()
+            return super().write(text)
+
+    class Waits(_Recorded):
+        def compare(self, loads, flags, out):
+            if flags == ("last",):  # ends only once the first run's line is out (or 10 s pass)
+                out.write_text(json.dumps({"saw_first_line": first_line.wait(10)}))
+            else:
+                super().compare(loads, flags, out)
+
+    monkeypatch.setattr(sys, "stderr", Stderr())
+    s = Waits("t", "single", "gptj-6b-a100", (3,))
+    run_compares([Compare("first", s, s.loads, (), tmp_path / "a.json"),
+                  Compare("last", s, s.loads, ("last",), tmp_path / "b.json")], workers=2)
+    assert json.loads((tmp_path / "b.json").read_text()) == {"saw_first_line": True}
 
 
 def test_a_failed_run_stops_the_ones_not_started(tmp_path):

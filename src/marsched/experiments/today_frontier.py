@@ -69,14 +69,14 @@ class Compare:
 def run_compares(todo: list[Compare], workers: int | None = None) -> None:
     """Run the compares, one process each, as many at a time as there are cores; a line on
     stderr as each ends. A failed one stops the rest (its error is raised)."""
-    from concurrent.futures import FIRST_EXCEPTION, ThreadPoolExecutor, wait
+    from concurrent.futures import FIRST_COMPLETED, ThreadPoolExecutor, wait
 
     workers = workers or os.cpu_count() or 1
     with ThreadPoolExecutor(workers) as pool:
         pending = {pool.submit(c.set.compare, c.loads, c.flags, c.out): c for c in todo}
         done = 0
         while pending:
-            finished, _ = wait(pending, return_when=FIRST_EXCEPTION)
+            finished, _ = wait(pending, return_when=FIRST_COMPLETED)
             for future in finished:
                 c = pending.pop(future)
                 if future.exception() is not None:
