@@ -49,3 +49,25 @@ def test_the_command_says_what_to_run_first(tmp_path, monkeypatch, capsys):
     assert today_ablation.main([]) == 1
     assert "today_ablation run" in capsys.readouterr().err
     assert today_ablation.main(["table"]) == 2
+    assert today_ablation.main(["run", "no-such-set"]) == 2
+    assert "no set no-such-set; the sets: claude-code-llama3-8b-h100," in capsys.readouterr().err
+
+
+def test_a_set_without_all_its_runs_is_left_out_of_the_table_and_named(tmp_path, monkeypatch, capsys):
+    write_sets(tmp_path)
+    left_out = SETS[3]
+    (tmp_path / "ablation" / f"{left_out.name}-{RUNS[-1][1]}.json").unlink()
+    monkeypatch.setattr(today_ablation, "ROOT", tmp_path)
+    assert today_ablation.main([]) == 0
+    out = capsys.readouterr().out
+    header = out.splitlines()[0]
+    assert left_out.name not in header and all(f"{s.name}, " in header for s in SETS if s is not left_out)
+    assert out.rstrip().endswith(f"(no ablation runs for {left_out.name})")
+
+
+def test_run_runs_the_named_sets_only(monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(today_ablation, "ROOT", tmp_path)
+    monkeypatch.setattr(today_ablation, "run_compares", lambda todo: ran.extend(c.out.name for c in todo))
+    assert today_ablation.main(["run", SETS[2].name]) == 0
+    assert ran == [f"{SETS[2].name}-{suffix}.json" for _, suffix, _ in RUNS]

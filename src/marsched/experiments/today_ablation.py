@@ -2,8 +2,11 @@
 results/today/commands.sh, the fixed-strategy policies, shortest-predicted-first, and MARS without
 its admission rule and starvation prevention, beside the baselines; mean and p99 over INFERCEPT's.
 
-    python -m marsched.experiments.today_ablation run     the runs: results/today/ablation/*.json
-    python -m marsched.experiments.today_ablation         the table (docs/ablation.md)
+    python -m marsched.experiments.today_ablation run [SET...]   the runs: results/today/ablation/*.json
+    python -m marsched.experiments.today_ablation               the table of every set whose runs are there
+                                                                 (docs/ablation.md)
+
+With no SET, `run` runs every set of results/today/commands.sh.
 """
 
 from __future__ import annotations
@@ -12,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from marsched.experiments.today_frontier import ROOT, SETS, Compare, run_compares
+from marsched.experiments.today_frontier import ROOT, SETS, Compare, TodaySet, run_compares
 
 # (label, results file suffix, marsched compare flags); "" reads the set's own runs
 RUNS = (
@@ -25,17 +28,24 @@ ROWS = ("vllm", "vllm-offload", "continuum", "autellix", "discard", "preserve", 
         "mars, greedy admission, no starvation prevention", "mars, greedy admission", "mars")
 
 
-def run() -> None:
+def run(sets: tuple[TodaySet, ...] = SETS) -> None:
     folder = ROOT / "ablation"
     folder.mkdir(parents=True, exist_ok=True)
     run_compares([Compare(f"{s.name} at {s.loads[-1]:g} qps: {label}", s, s.loads[-1:], flags,
-                          folder / f"{s.name}-{suffix}.json") for s in SETS for label, suffix, flags in RUNS])
+                          folder / f"{s.name}-{suffix}.json") for s in sets for label, suffix, flags in RUNS])
+
+
+def has_runs(s: TodaySet, today: Path = ROOT) -> bool:
+    return all((today / "ablation" / f"{s.name}-{suffix}.json").exists() for _, suffix, _ in RUNS)
 
 
 def records_at_top(today: Path = ROOT) -> dict[str, dict[str, dict]]:
-    """Set name -> row label -> its record at the set's most loaded point."""
+    """Set name -> row label -> its record at the set's most loaded point, for the sets whose
+    ablation runs are all there."""
     out: dict[str, dict[str, dict]] = {}
     for s in SETS:
+        if not has_runs(s, today):
+            continue
         top = s.loads[-1]
         rows = {r["policy"]: r for r in json.loads((today / f"{s.name}.json").read_text()) if r["qps"] == top}
         for label, suffix, _ in RUNS:
@@ -60,18 +70,26 @@ def table(by_set: dict[str, dict[str, dict]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    if argv == ["run"]:
-        run()
+    by_name = {s.name: s for s in SETS}
+    if argv[:1] == ["run"]:
+        unknown = [a for a in argv[1:] if a not in by_name]
+        if unknown:
+            print(f"today_ablation: no set {', '.join(unknown)}; the sets: {', '.join(by_name)}", file=sys.stderr)
+            return 2
+        run(tuple(by_name[a] for a in argv[1:]) or SETS)
         return 0
     if argv:
-        print("usage: python -m marsched.experiments.today_ablation [run]", file=sys.stderr)
+        print("usage: python -m marsched.experiments.today_ablation [run [SET...]]", file=sys.stderr)
         return 2
-    missing = [s.name for s in SETS if not (ROOT / "ablation" / f"{s.name}-{RUNS[0][1]}.json").exists()]
-    if missing:
-        print(f"today_ablation: no runs for {', '.join(missing)} in {ROOT / 'ablation'}: run "
+    by_set = records_at_top(ROOT)
+    if not by_set:
+        print(f"today_ablation: no runs in {ROOT / 'ablation'}: run "
               "`python -m marsched.experiments.today_ablation run` first", file=sys.stderr)
         return 1
-    print(table(records_at_top(ROOT)))
+    print(table(by_set))
+    left_out = [s.name for s in SETS if s.name not in by_set]
+    if left_out:
+        print(f"\n(no ablation runs for {', '.join(left_out)})")
     return 0
 
 
