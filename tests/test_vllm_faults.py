@@ -164,3 +164,29 @@ def test_ranked_queue_refresh_that_fails_for_one_request_rebuilds_from_the_other
     assert faults == ["x"]
     assert [r.request_id for r in queue] == ["b", "c", "a"]  # smallest memory x time first
     assert [queue.pop_request().request_id for _ in range(3)] == ["b", "c", "a"] and not queue
+
+
+def test_a_request_taken_out_while_held_by_a_peek_keeps_its_starvation_count_to_now():
+    """vLLM's admission gate peeks (the head is held out of the queue); a told prediction takes
+    the request out and puts it back: its count must run on from its arrival, not from the peek."""
+    from marsched.vllm.ranked_queue import RankedRequestQueue
+
+    class Req:
+        def __init__(self, rid):
+            self.request_id = rid
+
+    policy = MarsConfig(policy="mars", starvation="age", starvation_threshold=100).build_policy(token_budget=2048)
+    request = Req("a")
+    progress = RequestProgress(workload_request("a", 8, (PlannedSegment(10),), 0.0), order_s=0.0)
+    policy.start_segment(progress, EngineLoad(0.0, 0, 0.01, 0))
+    clock = {"now": 0.0}
+    queue = RankedRequestQueue(policy, lambda r: progress, lambda: EngineLoad(clock["now"], 0, 0.01, 0),
+                               lambda: 1, lambda: clock["now"])
+    queue.add_request(request)
+    clock["now"] = 0.1
+    assert queue.peek_request() is request  # held from t=0.1
+    clock["now"] = 0.4
+    queue.remove_request(request)
+    queue.add_request(request)
+    clock["now"] = 0.5
+    assert queue.starvation_counter("a") == pytest.approx(0.5)

@@ -135,10 +135,8 @@ class RankedRequestQueue(RequestQueue):
         rid = request.request_id
         if rid not in self._requests:
             raise ValueError(f"request {rid!r} is not in the ranked queue")
-        if self._held is request:
-            self._held = None
-        else:
-            self.queue.remove(rid, self._iteration(), self._now())
+        self._unhold()  # a held request left the queue at its peek: back first, so its count runs to now
+        self.queue.remove(rid, self._iteration(), self._now())
         del self._requests[rid]
 
     def remove_requests(self, requests: Iterable[Request]) -> None:
