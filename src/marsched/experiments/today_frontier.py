@@ -180,8 +180,12 @@ def plot(by_set: dict[str, dict[str, Score]], path: Path) -> None:
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(by_set), figsize=(4.6 * len(by_set), 4.4), squeeze=False)
-    for ax, (name, by_variant) in zip(axes[0], by_set.items()):
+    columns = min(4, len(by_set))
+    rows = -(-len(by_set) // columns)
+    fig, axes = plt.subplots(rows, columns, figsize=(4.6 * columns, 4.4 * rows), squeeze=False)
+    for ax in axes.flat[len(by_set):]:
+        ax.set_visible(False)
+    for ax, (name, by_variant) in zip(axes.flat, by_set.items()):
         fcfs = [(c.worst_p99, c.top_mean) for label, c in by_variant.items() if label.startswith("fcfs-wait")]
         ax.plot([p for p, _ in fcfs], [m for _, m in fcfs], "-", color="tab:blue", alpha=0.5, zorder=1)
         for label, c in by_variant.items():
