@@ -15,7 +15,7 @@ import json
 import sys
 from pathlib import Path
 
-from marsched.experiments.today_frontier import ROOT, SETS, Compare, TodaySet, run_compares
+from marsched.experiments.today_frontier import ROOT, SETS, Compare, TodaySet, run_compares, sets_named
 
 # (label, results file suffix, marsched compare flags); "" reads the set's own runs
 RUNS = (
@@ -70,13 +70,13 @@ def table(by_set: dict[str, dict[str, dict]]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    by_name = {s.name: s for s in SETS}
     if argv[:1] == ["run"]:
-        unknown = [a for a in argv[1:] if a not in by_name]
-        if unknown:
-            print(f"today_ablation: no set {', '.join(unknown)}; the sets: {', '.join(by_name)}", file=sys.stderr)
+        try:
+            chosen = sets_named(argv[1:])
+        except ValueError as e:
+            print(f"today_ablation: {e}", file=sys.stderr)
             return 2
-        run(tuple(by_name[a] for a in argv[1:]) or SETS)
+        run(chosen or SETS)
         return 0
     if argv:
         print("usage: python -m marsched.experiments.today_ablation [run [SET...]]", file=sys.stderr)

@@ -57,6 +57,15 @@ SETS = (
 )
 
 
+def sets_named(names: list[str]) -> tuple[TodaySet, ...]:
+    """The sets of these names, in the order given; ValueError naming the unknown ones and the sets."""
+    by_name = {s.name: s for s in SETS}
+    unknown = [n for n in names if n not in by_name]
+    if unknown:
+        raise ValueError(f"no set {', '.join(unknown)}; the sets: {', '.join(by_name)}")
+    return tuple(by_name[n] for n in names)
+
+
 @dataclass(frozen=True)
 class Compare:
     label: str  # for progress lines

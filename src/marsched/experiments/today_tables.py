@@ -12,7 +12,7 @@ import json
 import sys
 from pathlib import Path
 
-from marsched.experiments.today_frontier import ROOT, SETS, TodaySet, best_other, others_of
+from marsched.experiments.today_frontier import ROOT, SETS, TodaySet, best_other, others_of, sets_named
 
 ROWS = ("vllm-v0", "vllm", "vllm-offload", "infercept", "continuum", "continuum-public", "autellix", "mars")
 
@@ -44,12 +44,12 @@ def set_table(s: TodaySet, records: list[dict]) -> str:
 
 
 def main(argv: list[str]) -> int:
-    by_name = {s.name: s for s in SETS}
-    unknown = [a for a in argv if a not in by_name]
-    if unknown:
-        print(f"today_tables: no set {', '.join(unknown)}; the sets: {', '.join(by_name)}", file=sys.stderr)
+    try:
+        named = sets_named(argv)
+    except ValueError as e:
+        print(f"today_tables: {e}", file=sys.stderr)
         return 2
-    chosen = [by_name[a] for a in argv] or [s for s in SETS if (ROOT / f"{s.name}.json").exists()]
+    chosen = list(named) or [s for s in SETS if (ROOT / f"{s.name}.json").exists()]
     if not chosen:
         print(f"today_tables: no results in {ROOT}: run results/today/commands.sh first", file=sys.stderr)
         return 1
