@@ -1,8 +1,10 @@
 #!/bin/sh
 # MARS against today's baselines (docs/results.md, "Against today's baselines"): every policy on
 # the engine with vLLM V1's prefix cache (the default; vllm-v0 is vLLM 0.2 for reference), 600 s
-# of Poisson arrivals, seed 0, from light load to past saturation. Run from the repository root.
+# of Poisson arrivals, seed 0, from light load to past saturation.
 set -e
+cd "$(dirname "$0")/../.."  # the repository root, from wherever it is run
+PATH="$PWD/.venv/bin:$PATH"  # the marsched and python scripts/setup.sh installed
 P=vllm,vllm-v0,vllm-offload,infercept,continuum,continuum-public,autellix,mars
 marsched compare --trace claude-code --profile llama3-8b-h100 --token-scale 0.14 --policies $P \
   --qps 0.25,0.5,1,2,4 --duration 600 --seed 0 --json results/today/claude-code-llama3-8b-h100.json
