@@ -7,7 +7,7 @@ import numpy as np
 import pytest
 
 from marsched.workload import ApiCall, ApiType, build_request, poisson_arrivals
-from marsched.workload.arrivals import _arrival_times
+from marsched.workload.arrivals import poisson_times
 
 TEMPLATES = [
     build_request("a", 10, [(5, ApiCall(ApiType.MATH, 0.001, 3)), (2, None)]),
@@ -62,10 +62,10 @@ def test_resampling_a_stream_keeps_the_original_template():
     assert all(r.request_id.count("#") == 1 for r in again)
 
 
-def test_gap_chunking_does_not_change_the_arrival_times():
+def test_gap_chunking_does_not_change_thepoisson_times():
     # Gaps are drawn in chunks; many small chunks must give the same times as one large one.
-    small = _arrival_times(np.random.default_rng(9), 1.0, 500.0, chunk=4)
-    large = _arrival_times(np.random.default_rng(9), 1.0, 500.0, chunk=100_000)
+    small = poisson_times(np.random.default_rng(9), 1.0, 500.0, chunk=4)
+    large = poisson_times(np.random.default_rng(9), 1.0, 500.0, chunk=100_000)
     assert len(small) > 400
     assert small.max() < 500.0
     np.testing.assert_allclose(small, large, rtol=1e-12)  # only summation order differs

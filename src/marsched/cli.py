@@ -104,6 +104,12 @@ TokenScaleOpt = Annotated[float, typer.Option(
          "claude-code's long contexts into a profile's KV cache; every record states it.")]
 ReplicasOpt = Annotated[int, typer.Option(
     help="Simulate this many replicas of the profile behind a router (docs/simulator.md, a cluster).")]
+ArrivalsOpt = Annotated[str, typer.Option(
+    help="poisson: --qps tasks per second, each its own conversation; sessions: --qps conversations "
+         "started per second, each task coming its human's gap after the one before ends, measured over "
+         "--duration after --warmup (docs/simulator.md, session arrivals).")]
+WarmupOpt = Annotated[float, typer.Option(
+    help="With --arrivals sessions, seconds run before the measured --duration, to fill the caches.")]
 RoutingOpt = Annotated[str, typer.Option(
     help="With --replicas > 1, the router's rule: round-robin, least-loaded (vLLM's), session-affine, mars "
          "(least predicted memory x time in flight) or mars-affine.")]
@@ -124,7 +130,8 @@ def main(version: Annotated[bool, typer.Option(
 def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float, seed: int, predictor: str,
               api_estimator: str, starvation_threshold: str, starvation: str, admission: str, refresh_interval: int,
               strict: bool, trace_out: str | None = None, token_scale: float = 1.0, replicas: int = 1,
-              routing: str = "least-loaded", prefix_cache: bool = True) -> RunSpec:
+              routing: str = "least-loaded", prefix_cache: bool = True, arrivals: str = "poisson",
+              warmup: float = 0.0) -> RunSpec:
     """The run the shared options of simulate and compare describe, each option checked on its own."""
     threshold = checked(lambda: check_run_options(
         profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
@@ -133,13 +140,13 @@ def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float
     checked(lambda: check_positive("--token-scale", token_scale))
     return RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold, refresh_interval,
                    trace_out, strict=strict, starvation=starvation, admission=admission, token_scale=token_scale,
-                   replicas=replicas, routing=routing, prefix_cache=prefix_cache)
+                   replicas=replicas, routing=routing, prefix_cache=prefix_cache, arrivals=arrivals, warmup_s=warmup)
 
 
 @app.command()
 def simulate(
     policy: Annotated[str, typer.Option(help=f"One of: {', '.join(POLICY_NAMES)}.")] = "mars",
-    qps: Annotated[float, typer.Option(help="Arrival rate, requests per second.")] = 4.0,
+    qps: Annotated[float, typer.Option(help="Arrival rate, requests (or with --arrivals sessions, conversations) per second.")] = 4.0,
     trace: TraceOpt = "bundled",
     profile: ProfileOpt = "gptj-6b-a100",
     duration: DurationOpt = 600.0,
@@ -157,13 +164,15 @@ def simulate(
     replicas: ReplicasOpt = 1,
     routing: RoutingOpt = "least-loaded",
     prefix_cache: PrefixCacheOpt = True,
+    arrivals: ArrivalsOpt = "poisson",
+    warmup: WarmupOpt = 0.0,
 ) -> None:
     """Simulate one policy at one arrival rate."""
     checked(lambda: check_policy("--policy", policy))
     checked(lambda: check_positive("--qps", qps))
     spec = _run_spec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, starvation_threshold,
                      starvation, admission, refresh_interval, strict, str(trace_out) if trace_out else None,
-                     token_scale, replicas, routing, prefix_cache)
+                     token_scale, replicas, routing, prefix_cache, arrivals, warmup)
     check_outputs(json_path=json_path, trace_out=trace_out)
     checked(spec.build)  # what is left: combinations of options
     with trace_warnings_once():
@@ -188,7 +197,7 @@ def simulate(
 @app.command()
 def compare(
     policies: Annotated[str, typer.Option(help="Comma-separated policy names.")] = "vllm,infercept,mars",
-    qps: Annotated[str, typer.Option(help="Comma-separated arrival rates.")] = "3,4,5,6",
+    qps: Annotated[str, typer.Option(help="Comma-separated arrival rates (requests, or conversations with --arrivals sessions, per second).")] = "3,4,5,6",
     trace: TraceOpt = "bundled",
     profile: ProfileOpt = "gptj-6b-a100",
     duration: DurationOpt = 600.0,
@@ -207,6 +216,8 @@ def compare(
     replicas: ReplicasOpt = 1,
     routing: RoutingOpt = "least-loaded",
     prefix_cache: PrefixCacheOpt = True,
+    arrivals: ArrivalsOpt = "poisson",
+    warmup: WarmupOpt = 0.0,
 ) -> None:
     """Run several policies at several arrival rates on the same workload and engine."""
     names = comma_names(policies)
@@ -219,7 +230,8 @@ def compare(
         fail(f"--workers {workers}: give 0 (one per core) or a number of processes >= 1")
     base = _run_spec(names[0], rates[0], trace, profile, duration, seed, predictor, api_estimator,
                      starvation_threshold, starvation, admission, refresh_interval, strict, token_scale=token_scale,
-                     replicas=replicas, routing=routing, prefix_cache=prefix_cache)
+                     replicas=replicas, routing=routing, prefix_cache=prefix_cache, arrivals=arrivals,
+                     warmup=warmup)
     check_outputs(json_path=json_path, plot=plot)
     specs = grid(base, names, rates)
     for spec in specs:

@@ -71,7 +71,7 @@ def _cells(r: dict) -> dict[str, str]:
         "e2e p50": f"{r['e2e_p50_s']:.2f}", "e2e p99": f"{r['e2e_p99_s']:.2f}", "ttft mean": f"{r['ttft_mean_s']:.3f}",
         "ttft p99": f"{r['ttft_p99_s']:.3f}", "× isolated": f"{r['e2e_mean_s'] / r['isolated_e2e_mean_s']:.3f}",
         "max wait": f"{r['max_queue_wait_s']:.1f}", "preempt": str(r["preemptions"]),
-        "strategies": strategy_cells(r["strategy_counts"]), "finished": f"{r['num_finished']}/{r['num_requests']}",
+        "strategies": strategy_cells(r["strategy_counts"]), "finished": f"{r['num_finished']}/{r.get('num_measured', r['num_requests'])}",
     }
 
 

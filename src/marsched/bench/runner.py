@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import math
 import os
 from collections.abc import Callable
 from concurrent.futures import ProcessPoolExecutor, as_completed
@@ -21,9 +22,14 @@ from marsched.sim.profile import load_profile, scale_kv_capacity
 from marsched.workload.arrivals import poisson_arrivals
 from marsched.workload.loader import load_trace
 from marsched.workload.model import Request, scale_api_time
+from marsched.workload.sessions import session_arrivals
 from marsched.workload.token_scale import check_token_scale, scale_tokens
 
 _DEFAULT = "default"
+ARRIVALS = ("poisson", "sessions")
+# Session arrivals go on past the measured window until every task that arrived in it has ended,
+# for at most this many windows more (sim/cluster.py).
+SESSION_TAIL_WINDOWS = 3
 
 
 @dataclass(frozen=True, slots=True)
@@ -50,6 +56,10 @@ class RunSpec:
     replicas: int = 1  # engines of the profile behind a router (sim/cluster.py)
     routing: str = "least-loaded"  # the router's rule, with replicas > 1
     prefix_cache: bool = True  # the engine keeps freed blocks' content (vLLM V1); off: vLLM 0.2's engine
+    # poisson: `qps` tasks/s, each its own conversation; sessions: `qps` conversations started per
+    # second, replayed task by task (workload/sessions.py), measured over `duration_s` after `warmup_s`
+    arrivals: str = "poisson"
+    warmup_s: float = 0.0
 
     def build(self):
         """Profile and policy for this spec; raises ValueError naming what is wrong."""
@@ -59,6 +69,15 @@ class RunSpec:
         parse_routing(self.routing)
         if self.replicas > 1 and self.trace_out:
             raise ValueError("--trace-out writes one engine's trace; it cannot be given with --replicas > 1")
+        if self.arrivals not in ARRIVALS:
+            raise ValueError(f"--arrivals {self.arrivals!r}: give one of {', '.join(ARRIVALS)}")
+        if self.arrivals == "sessions" and self.trace_out:
+            raise ValueError("--trace-out cannot be given with --arrivals sessions (they run as a cluster)")
+        if isinstance(self.warmup_s, bool) or not isinstance(self.warmup_s, (int, float)) \
+                or not math.isfinite(self.warmup_s) or self.warmup_s < 0:
+            raise ValueError(f"--warmup {self.warmup_s!r}: give a number of seconds >= 0")
+        if self.warmup_s and self.arrivals != "sessions":
+            raise ValueError("--warmup applies to --arrivals sessions only")
         profile = scale_kv_capacity(load_profile(self.profile), self.kv_scale)
         predictor = SegmentPredictor(parse_length_predictor(self.predictor, self.seed), parse_api_estimator(self.api_estimator))
         extra = {} if self.starvation_threshold == _DEFAULT else {"starvation_threshold": self.starvation_threshold}
@@ -79,24 +98,37 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
     if spec.token_scale != 1:  # before anything learns from the templates: predictors see what runs
         templates = [scale_tokens(t, spec.token_scale) for t in templates]
     prepare_length_predictor(policy.predictor.length, templates, spec.trace)
-    requests = poisson_arrivals(templates, spec.qps, spec.duration_s, spec.seed)
-    if spec.api_time_scale != 1:  # after sampling: the same arrivals and shapes at every scale
-        requests = [scale_api_time(r, spec.api_time_scale) for r in requests]
-    if spec.replicas > 1:
-        def replica() -> Simulator:
-            replica_profile, replica_policy = spec.build()  # a policy (and predictor) of its own
-            prepare_length_predictor(replica_policy.predictor.length, templates, spec.trace)
-            return make_simulator([], replica_profile, replica_policy)
 
-        result = simulate_cluster(requests, replica, spec.replicas, parse_routing(spec.routing), on_progress)
+    def replica() -> Simulator:
+        replica_profile, replica_policy = spec.build()  # a policy (and predictor) of its own
+        prepare_length_predictor(replica_policy.predictor.length, templates, spec.trace)
+        return make_simulator([], replica_profile, replica_policy)
+
+    extra: dict = {}
+    if spec.arrivals == "sessions":
+        runs = [scale_api_time(t, spec.api_time_scale) for t in templates]  # gaps are people's time: unscaled
+        stream = session_arrivals(runs, spec.qps, spec.warmup_s + (1 + SESSION_TAIL_WINDOWS) * spec.duration_s,
+                                  spec.seed)
+        result = simulate_cluster(stream, replica, spec.replicas, parse_routing(spec.routing), on_progress,
+                                  window=(spec.warmup_s, spec.warmup_s + spec.duration_s))
+        arrived = result.arrived
+        extra = {"arrivals": "sessions", "warmup_s": spec.warmup_s, "sessions": stream.sessions,
+                 "num_measured": len(result.measured or ())}
     else:
-        trace = TraceFile(spec.trace_out) if spec.trace_out else EventTrace()
-        try:
-            result = make_simulator(requests, profile, policy, trace=trace, on_progress=on_progress).run()
-        except BaseException:
-            trace.abort()
-            raise
-        trace.close()
+        requests = poisson_arrivals(templates, spec.qps, spec.duration_s, spec.seed)
+        if spec.api_time_scale != 1:  # after sampling: the same arrivals and shapes at every scale
+            requests = [scale_api_time(r, spec.api_time_scale) for r in requests]
+        arrived = len(requests)
+        if spec.replicas > 1:
+            result = simulate_cluster(requests, replica, spec.replicas, parse_routing(spec.routing), on_progress)
+        else:
+            trace = TraceFile(spec.trace_out) if spec.trace_out else EventTrace()
+            try:
+                result = make_simulator(requests, profile, policy, trace=trace, on_progress=on_progress).run()
+            except BaseException:
+                trace.abort()
+                raise
+            trace.close()
     record = {
         "engine": "sim",
         "policy": spec.policy,
@@ -110,14 +142,18 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
         "token_scale": spec.token_scale,
         **policy_fields(policy),
         "prefix_cache": policy.prefix_cache,
-        "num_requests": len(requests),
+        "num_requests": arrived,
+        **extra,
     }
     record.update(summarize(result.records))
-    if spec.replicas > 1:
+    if spec.replicas > 1 or spec.arrivals == "sessions":
         record.update(replicas=spec.replicas, routing=spec.routing, routed_per_replica=result.routed,
-                      iterations=sum(r.iterations for r in result.replicas))
+                      iterations=sum(r.iterations for r in result.replicas),
+                      reused_tokens=sum(r.reused_blocks for r in result.replicas) * profile.block_tokens,
+                      carried_tokens=sum(r.carried_blocks for r in result.replicas) * profile.block_tokens)
     else:
-        record["iterations"] = result.iterations
+        record.update(iterations=result.iterations, reused_tokens=result.reused_blocks * profile.block_tokens,
+                      carried_tokens=result.carried_blocks * profile.block_tokens)
     record["wallclock_s"] = result.wallclock_s
     return record
 

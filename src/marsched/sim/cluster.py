@@ -20,25 +20,34 @@ Routing rules (`Routing`):
   memory × time is over `AFFINITY_BALANCE` × the replicas' mean (the shape of vllm-project/router's
   `cache_aware` balance rule), else as `mars`.
 
-The simulator keeps no KV across requests (its prefix cache knows a block by the request that
-computed it): what a replica held of a conversation's previous task is never reused, so affinity
-costs balance here and gains nothing (docs/simulator.md says what showing its gain would need).
+Arrivals are a list of requests (a Poisson draw: each task a conversation of its own, nothing
+shared between requests) or a `SessionStream` (`workload/sessions.py`): conversations whose tasks
+each come their human's gap after the task before ended. Then a task's KV blocks are its
+conversation's content (`SimRequest.kv_owner`), and the next task takes back on its replica what
+is still cached there, so routing decides what is reused. The replicas run in slices of
+`SESSION_SLICE_S` between arrivals: a task that ended in a slice lets its follow-up in at the
+slice's end at the earliest (at most that much late). Only tasks that arrive in the measured
+window, and the requests they start, are counted; arrivals go on past the window until all of
+those have ended (or the stream's horizon), and the run stops there.
 """
 
 from __future__ import annotations
 
 import enum
+import heapq
 import math
 import time
 from collections.abc import Callable
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from marsched.policy.placement import RankLoad, hashed_rank, least_loaded_scores, lowest, mars_scores
 from marsched.sim.request import SimResult
 from marsched.sim.engine import Simulator
 from marsched.workload.model import Request
+from marsched.workload.sessions import SessionStream
 
 AFFINITY_BALANCE = 1.5  # vllm-project/router's --balance-rel-threshold default
+SESSION_SLICE_S = 0.5  # how often replicas running session arrivals report ended tasks
 
 
 class Routing(enum.Enum):
@@ -57,6 +66,10 @@ def parse_routing(value: str) -> Routing:
 
 
 def conversation_of(request: Request) -> str:
+    """The conversation a router keys on: the request's own (session arrivals), else its template's
+    name before ``:`` (a claude-code task's recorded conversation), else its id."""
+    if request.conversation:
+        return request.conversation
     name = request.template_id or request.request_id
     return name.split(":", 1)[0]
 
@@ -98,10 +111,15 @@ class ClusterResult:
     replicas: list[SimResult]
     routed: list[int]  # requests routed to each replica (their subagents not counted)
     wallclock_s: float
+    measured: set[str] | None = None  # the requests counted (session arrivals' window); None: all
+    arrived: int = 0  # requests that arrived, subagents included
 
     @property
     def records(self) -> list:
-        return [record for result in self.replicas for record in result.records]
+        every = (record for result in self.replicas for record in result.records)
+        if self.measured is None:
+            return list(every)
+        return [record for record in every if record.request_id in self.measured]
 
 
 class Router:
@@ -135,21 +153,23 @@ class Router:
         return rank
 
 
-def simulate_cluster(requests: list[Request], make_replica: Callable[[], Simulator], replicas: int,
-                     routing: Routing, on_progress: Callable[[int, int], None] | None = None) -> ClusterResult:
-    """Run `requests` on `replicas` engines from `make_replica` (each with no requests of its own)."""
+def simulate_cluster(requests: list[Request] | SessionStream, make_replica: Callable[[], Simulator], replicas: int,
+                     routing: Routing, on_progress: Callable[[int, int], None] | None = None,
+                     window: tuple[float, float] | None = None) -> ClusterResult:
+    """Run `requests` on `replicas` engines from `make_replica` (each with no requests of its own).
+    A `SessionStream` runs with its follow-ups let in as their previous tasks end, counting the
+    tasks that arrive in `window` (all of them if None)."""
     if replicas < 1:
         raise ValueError(f"--replicas {replicas}: give 1 or more")
     started = time.perf_counter()
     engines = [make_replica() for _ in range(replicas)]
-    children: dict[str, list[Request]] = {}
-    for request in requests:
-        if request.spawned_by is not None:
-            children.setdefault(request.spawned_by.parent_id, []).append(request)
     router = Router(routing, engines)
     routed = [0] * replicas
     for engine in engines:
         engine.start()
+    if isinstance(requests, SessionStream):
+        return _run_sessions(requests, engines, router, routed, started, on_progress, window)
+    children = _children_of(requests)
     roots = sorted((r for r in requests if r.spawned_by is None), key=lambda r: r.arrival_s)
     for done, request in enumerate(roots):
         for engine in engines:
@@ -163,7 +183,78 @@ def simulate_cluster(requests: list[Request], make_replica: Callable[[], Simulat
         engine.run_until(math.inf)
     if on_progress:
         on_progress(len(roots), len(roots))
-    return ClusterResult([engine.finish() for engine in engines], routed, time.perf_counter() - started)
+    return ClusterResult([engine.finish() for engine in engines], routed, time.perf_counter() - started,
+                         arrived=len(requests))
+
+
+@dataclass(slots=True)
+class _Arrivals:
+    """Session arrivals due, earliest first: each a task and the requests it starts."""
+
+    heap: list[tuple[float, int, list[Request]]] = field(default_factory=list)
+    count: int = 0
+
+    def push(self, group: list[Request]) -> None:
+        heapq.heappush(self.heap, (group[0].arrival_s, self.count, group))
+        self.count += 1
+
+    @property
+    def next_s(self) -> float:
+        return self.heap[0][0] if self.heap else math.inf
+
+
+def _run_sessions(stream: SessionStream, engines: list[Simulator], router: Router, routed: list[int],
+                  started: float, on_progress: Callable[[int, int], None] | None,
+                  window: tuple[float, float] | None) -> ClusterResult:
+    start_s, end_s = window if window is not None else (-math.inf, math.inf)
+    children = _children_of(stream.starts)
+    due = _Arrivals()
+    for request in stream.starts:
+        if request.spawned_by is None:
+            due.push([request, *_descendants(request, children)])
+    measured: set[str] = set()
+    unfinished: set[str] = set()  # measured requests not ended yet
+    seen = [0] * len(engines)
+    arrived = 0
+    now = 0.0
+    while due.heap or (now < stream.horizon_s and any(engine.unfinished for engine in engines)):
+        if now >= end_s and not unfinished:
+            break  # everything measured has ended: what runs now is not counted
+        now = min(due.next_s, now + SESSION_SLICE_S)
+        for engine in engines:
+            engine.run_until(now)
+        for rank, engine in enumerate(engines):  # tasks that ended: their follow-ups
+            for record in engine.records[seen[rank]:]:
+                unfinished.discard(record.request_id)
+                group = stream.follow_up(record.request_id, record.finish_s, not_before_s=now)
+                if group:
+                    due.push(group)
+            seen[rank] = len(engine.records)
+        while due.heap and due.next_s <= now:
+            group = heapq.heappop(due.heap)[2]
+            rank = router.route(group[0])
+            routed[rank] += 1
+            engines[rank].inject(group)
+            arrived += len(group)
+            if start_s <= group[0].arrival_s < end_s:
+                ids = {request.request_id for request in group}
+                measured |= ids
+                unfinished |= ids
+        if on_progress:
+            on_progress(int(min(now, end_s)), int(end_s) if math.isfinite(end_s) else int(stream.horizon_s))
+    if unfinished:  # the stream ran out first: drain without further arrivals
+        for engine in engines:
+            engine.run_until(math.inf)
+    return ClusterResult([engine.finish() for engine in engines], routed, time.perf_counter() - started,
+                         measured=measured if window is not None else None, arrived=arrived)
+
+
+def _children_of(requests: list[Request]) -> dict[str, list[Request]]:
+    children: dict[str, list[Request]] = {}
+    for request in requests:
+        if request.spawned_by is not None:
+            children.setdefault(request.spawned_by.parent_id, []).append(request)
+    return children
 
 
 def _descendants(request: Request, children: dict[str, list[Request]]) -> list[Request]:

@@ -90,6 +90,8 @@ class Simulator(PrefixReuse, IterationRun):
         self._horizon_s = math.inf
         self._joined_after_batch = False  # a swap-in with nothing to copy ran after the batch was built
         self._started_t = time.perf_counter()
+        self.reused_blocks = 0  # prefix and host hits
+        self.carried_blocks = 0  # the part of them a task took from its conversation's previous task
 
     @property
     def paused_preserved(self) -> dict[str, SimRequest]:
@@ -147,9 +149,15 @@ class Simulator(PrefixReuse, IterationRun):
             bisect.insort(self.pending, request, lo=self._next_arrival, key=lambda r: r.arrival_s)
         self._total += len(requests)
 
+    @property
+    def unfinished(self) -> int:
+        """Requests given to this engine that have not ended."""
+        return self._total - len(self.records)
+
     def finish(self) -> SimResult:
         self.lifecycle.ended(len(self.records))
-        return SimResult(self.records, self.iteration, self.steps, self.now, time.perf_counter() - self._started_t)
+        return SimResult(self.records, self.iteration, self.steps, self.now, time.perf_counter() - self._started_t,
+                         self.reused_blocks, self.carried_blocks)
 
     def load(self) -> EngineLoad:
         return EngineLoad(
@@ -198,6 +206,9 @@ class Simulator(PrefixReuse, IterationRun):
             self._next_arrival += 1
             progress = RequestProgress(request, order_s=request.arrival_s)
             sim_request = SimRequest(progress, wait_since_s=self.now)
+            if request.conversation:  # what it may take of its conversation's cached blocks
+                shared = request.follows.shared_tokens if request.follows is not None else 0
+                sim_request.inherited_blocks = shared // self.block_tokens
             self.live[request.request_id] = sim_request
             self.lifecycle.arrived(sim_request, request.arrival_s, request.prompt_tokens)
             self.lifecycle.start_segment(sim_request, "waiting")
@@ -228,7 +239,7 @@ class Simulator(PrefixReuse, IterationRun):
                                                                 progress.context_tokens))
             # The freed copies of the context keep their content up to the kept prefix, whatever
             # the request still holds (stock vLLM holds none at a call, yet hits its prefix).
-            self._forget_past(sim_request.rid, call.kept_tokens)
+            self._forget_past(sim_request.kv_owner, call.kept_tokens)
         self.lifecycle.start_segment(sim_request, "paused")
         if sim_request.device_blocks:
             where = "device"
@@ -386,7 +397,8 @@ class Simulator(PrefixReuse, IterationRun):
             return False
         hit = min(self._prefix_hit(sim_request), blocks)
         if hit:
-            self.device.take_back(sim_request.rid, hit)
+            self.device.take_back(sim_request.kv_owner, hit)
+            self._count_reuse(sim_request, hit)
         self.device.allocate(blocks - hit)
         sim_request.device_blocks = blocks
         self._leave_queue(sim_request, 0)

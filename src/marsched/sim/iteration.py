@@ -119,7 +119,7 @@ class IterationRun:
             sim_request.transfer = None
             blocks = sim_request.device_blocks
             if self.policy.prefix_cache:  # the freed blocks keep their content until handed out
-                self.device.release(blocks, sim_request.rid, self._full_blocks(sim_request))
+                self._release_own(sim_request, blocks)
             else:
                 self.device.release(blocks)
             self.lifecycle.swapped_out(sim_request, blocks, self.now + seconds)

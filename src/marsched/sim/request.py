@@ -45,9 +45,17 @@ class SimRequest:
     strategies: list[str] = field(default_factory=list)  # the strategy each call ran under
     override: Strategy | None = None  # a strategy the request chose itself (never, in a simulation)
     rid: str = field(init=False)  # the request's id, read many times a step
+    # Whose content its KV blocks are, as the prefix cache and host tier know them: its
+    # conversation's (the next task's prompt starts with them), else its own.
+    kv_owner: str = field(init=False)
+    # While it has freed nothing itself, the most leading blocks a hit on `kv_owner` may serve:
+    # the blocks its prompt shares with its conversation's previous task. None: no bound (the
+    # cached content is its own).
+    inherited_blocks: int | None = None
 
     def __post_init__(self) -> None:
         self.rid = self.progress.request_id
+        self.kv_owner = self.progress.request.conversation or self.rid
 
 
 @dataclass(frozen=True, slots=True)
@@ -57,6 +65,8 @@ class SimResult:
     steps: int  # scheduling decisions made (identical iterations run together count once)
     end_s: float
     wallclock_s: float
+    reused_blocks: int = 0  # blocks taken back from the prefix cache or the host tier instead of computed
+    carried_blocks: int = 0  # the part of them a task took from its conversation's previous task
 
 
 def finished_record(sim_request: SimRequest, cost: CostModel) -> RequestRecord:

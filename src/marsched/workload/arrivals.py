@@ -31,48 +31,50 @@ def poisson_arrivals(templates: Sequence[Request], qps: float, duration_s: float
         raise ValueError(f"poisson_arrivals: seed must be an integer, got {seed!r}")
 
     roots = [t for t in templates if t.spawned_by is None]
-    children = _children(templates)
+    children = spawned_children(templates)
     if not roots:
         raise ValueError("poisson_arrivals: every template is started by another (spawned_by); none can arrive")
     rng = np.random.default_rng(seed)
-    times = _arrival_times(rng, float(qps), float(duration_s))
+    times = poisson_times(rng, float(qps), float(duration_s))
     picks = rng.integers(len(roots), size=len(times))
     stream: list[Request] = []
     for n, (time, pick) in enumerate(zip(times, picks)):
-        _arrive(roots[pick], float(time), n, None, children, stream)
+        arrive_with_children(roots[pick], float(time), n, None, children, stream)
     if children:
         stream.sort(key=lambda r: r.arrival_s)  # stable: a parent and its children stay in order on a tie
     return stream
 
 
-def _key(template: Request) -> str:
+def template_key(template: Request) -> str:
     return template.template_id or template.request_id
 
 
-def _children(templates: Sequence[Request]) -> dict[str, list[Request]]:
+def spawned_children(templates: Sequence[Request]) -> dict[str, list[Request]]:
     """The templates each template starts, by the starting template's id."""
-    known = {_key(t) for t in templates}
+    known = {template_key(t) for t in templates}
     children: dict[str, list[Request]] = {}
     for template in templates:
         if template.spawned_by is not None:
             if template.spawned_by.parent_id not in known:
-                raise ValueError(f"poisson_arrivals: template {_key(template)!r} is started by "
+                raise ValueError(f"poisson_arrivals: template {template_key(template)!r} is started by "
                                  f"{template.spawned_by.parent_id!r}, which is not among the templates")
             children.setdefault(template.spawned_by.parent_id, []).append(template)
     return children
 
 
-def _arrive(template: Request, arrival_s: float, n: int, spawn: Spawn | None,
-            children: dict[str, list[Request]], stream: list[Request]) -> None:
-    request_id = f"{_key(template)}#{n}"
+def arrive_with_children(template: Request, arrival_s: float, n: int, spawn: Spawn | None,
+                         children: dict[str, list[Request]], stream: list[Request]) -> None:
+    """Append arrival n of `template` at `arrival_s`, then the requests it starts (`children`),
+    each under ``"{its template id}#{n}"`` and tied to its starter's new id."""
+    request_id = f"{template_key(template)}#{n}"
     request = template.arriving_at(arrival_s, request_id)
     stream.append(replace(request, spawned_by=spawn) if spawn is not None else request)
-    for child in children.get(_key(template), ()):
+    for child in children.get(template_key(template), ()):
         tie = Spawn(request_id, child.spawned_by.segment_index)
-        _arrive(child, arrival_s + child.arrival_s, n, tie, children, stream)
+        arrive_with_children(child, arrival_s + child.arrival_s, n, tie, children, stream)
 
 
-def _arrival_times(rng: np.random.Generator, qps: float, duration_s: float, chunk: int | None = None) -> np.ndarray:
+def poisson_times(rng: np.random.Generator, qps: float, duration_s: float, chunk: int | None = None) -> np.ndarray:
     # Draw gaps in chunks of about the expected count; chunk sizes depend only on the arguments, so a seed
     # still fixes the stream.
     chunk = chunk or max(64, math.ceil(qps * duration_s * 1.1))

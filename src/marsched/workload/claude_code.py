@@ -36,6 +36,12 @@ How a conversation becomes requests (docs/workloads.md says why):
   end, less ``duration_ms``) after the parent task's first call, plus, for a subagent's
   later tasks, their own offset. An entry with no ``tool_use`` call before it (2 in the
   bundled file, after an ``end_turn``) loads as standalone requests.
+- **Conversations.** Each task carries its agent (`Request.conversation`), its start in the
+  recorded conversation (``arrival_s``: its first call's ``t`` less the agent's first call's,
+  counted from the parent's task for a subagent's) and, from the second task on, how it follows
+  the task before (`FollowUp`): the human's time, the first call's ``think_time``, and the
+  prompt's leading ``prefix_blocks × block_size`` tokens, which are that task's context. Session
+  arrivals (`workload/sessions.py`) replay conversations with them; random draws ignore them.
 
 Ids: ``<conversation>:t<k>`` for the k-th task (from 0), ``<conversation>:sa<j>:t<k>`` for
 the tasks of the j-th subagent (from 1, in file order; deeper nesting adds ``:sa<j>``).
@@ -59,7 +65,7 @@ from marsched.workload._checks import (
     require_seconds,
 )
 from marsched.workload.errors import TraceError, describe
-from marsched.workload.model import ApiCall, ApiType, Request, Spawn, build_request
+from marsched.workload.model import ApiCall, ApiType, FollowUp, Request, Spawn, build_request
 
 TOOL_USE = "tool_use"
 STOPS = (TOOL_USE, "end_turn", "")
@@ -184,6 +190,8 @@ def _call(item: dict, previous: _Call | None, block_size: int, source: Source, w
     think_time = None
     if previous is not None and previous.stop == TOOL_USE:  # the tool's time: the call before this one's duration
         think_time = require_seconds(_required(item, "think_time", source, where), source, where, "think_time")
+    elif previous is not None and "think_time" in item:  # the human's time after an answer
+        think_time = require_seconds(item["think_time"], source, where, "think_time")
     blocks = require_count(_required(item, "blocks", source, where), source, where, "blocks")
     if blocks != tokens_in // block_size:
         raise TraceError(source, where, "blocks", f"must be in // block_size = {tokens_in // block_size}, got {blocks}")
@@ -227,9 +235,12 @@ def _agent_requests(items: list, agent: str, spawn: tuple[Spawn, float] | None, 
     requests: list[list[Request]] = [[] for _ in tasks]
     for number, task in enumerate(tasks):
         request = _task_request(f"{agent}:t{number}", task, number == len(tasks) - 1, block_size, source)
+        request = replace(request, conversation=agent, arrival_s=task[0].t - calls[0].t,
+                          follows=_follow_up(f"{agent}:t{number - 1}", tasks[number - 1], task[0], block_size)
+                          if number else None)
         if spawn is not None:
             parent, start_s = spawn
-            request = replace(request, spawned_by=parent, arrival_s=start_s + task[0].t - calls[0].t)
+            request = replace(request, spawned_by=parent, arrival_s=start_s + request.arrival_s)
         requests[number].append(request)
     for subagent in subagents:
         counter[0] += 1
@@ -254,6 +265,14 @@ def _tasks(calls: list[_Call]) -> list[list[_Call]]:
         if call.stop != TOOL_USE:
             tasks.append([])
     return [task for task in tasks if task]
+
+
+def _follow_up(previous_id: str, previous: list[_Call], first: _Call, block_size: int) -> FollowUp:
+    """How a task follows the one before it: the human's time (the first call's ``think_time``, or
+    the time since the previous task's last call where the file has none), and the leading
+    blocks its first input shares with that call's input (``prefix_blocks``)."""
+    gap = first.think_time if first.think_time is not None else max(first.t - previous[-1].t, 0.0)
+    return FollowUp(previous_id, gap, first.prefix_blocks * block_size)
 
 
 def _task_request(request_id: str, task: list[_Call], last_task: bool, block_size: int, source: Source) -> Request:

@@ -61,6 +61,17 @@ class Spawn:
 
 
 @dataclass(frozen=True, slots=True)
+class FollowUp:
+    """A conversation's later task: it comes `gap_s` after its previous task (`previous_id`) ends
+    (the human's time between that answer and this task's first call), and the first
+    `shared_tokens` of its prompt are that task's context, whose KV blocks are the same."""
+
+    previous_id: str
+    gap_s: float
+    shared_tokens: int
+
+
+@dataclass(frozen=True, slots=True)
 class Segment:
     """A stretch of generation: `context_tokens` at its start, `output_tokens` generated, then `api` (or the end)."""
 
@@ -87,10 +98,17 @@ class Request:
     segments: tuple[Segment, ...]
     arrival_s: float = 0.0
     template_id: str = field(default="", compare=False)
-    # A subagent's parent. Its `arrival_s` is then counted from the parent's arrival (in a
-    # trace's templates, which all arrive at 0) and is the parent's call in the recorded
-    # timeline; arrival processes move the two together (`poisson_arrivals`).
+    # A subagent's parent. Its `arrival_s` is then counted from the parent's arrival and is the
+    # parent's call in the recorded timeline; arrival processes move the two together
+    # (`poisson_arrivals`).
     spawned_by: Spawn | None = None
+    # The conversation whose context this request continues, shared by its tasks: a task's KV
+    # blocks are its conversation's content, which the next task's prompt starts with. Empty: the
+    # request's context is its own. Session arrivals (`workload/sessions.py`) replay a
+    # conversation's tasks from these and from each task's start in the recorded conversation
+    # (a template's `arrival_s`).
+    conversation: str = ""
+    follows: FollowUp | None = None
 
     @property
     def prompt_tokens(self) -> int:
@@ -126,8 +144,10 @@ class Request:
         return max(s.context_at_call for s in self.segments)
 
     def arriving_at(self, arrival_s: float, request_id: str) -> "Request":
-        """This request's shape under a new id and arrival time (trace sampling reuses templates)."""
-        return replace(self, request_id=request_id, arrival_s=arrival_s, template_id=self.template_id or self.request_id)
+        """This request's shape under a new id and arrival time (trace sampling reuses templates), a
+        conversation of its own: what it shared with the template's tasks is another instance's."""
+        return replace(self, request_id=request_id, arrival_s=arrival_s, template_id=self.template_id or self.request_id,
+                       conversation="", follows=None)
 
 
 def build_request(

@@ -5,7 +5,8 @@ to whole tokens. Contexts are scaled where they stand (each segment's start, eac
 compaction's kept prefix), not rebuilt from scaled increments, so that rounding does not
 add up over a conversation of a hundred calls; a call's return is what separates one scaled
 context from the next. A length that is not 0 stays at least 1 token (a segment that
-generates keeps generating). Durations, arrival, ids and ties to a parent are unchanged.
+generates keeps generating), and so are the prompt tokens a task shares with the task before it.
+Durations, arrival, ids, ties to a parent and conversations are unchanged.
 """
 
 from __future__ import annotations
@@ -50,4 +51,8 @@ def scale_tokens(request: Request, factor: float) -> Request:
             context = base + api.return_tokens
         parts.append((output, api))
     scaled = build_request(request.request_id, targets[0], parts, request.arrival_s)
-    return replace(scaled, template_id=request.template_id, spawned_by=request.spawned_by)
+    follows = request.follows
+    if follows is not None:
+        follows = replace(follows, shared_tokens=min(scaled_length(follows.shared_tokens, factor), targets[0]))
+    return replace(scaled, template_id=request.template_id, spawned_by=request.spawned_by,
+                   conversation=request.conversation, follows=follows)
