@@ -4,6 +4,7 @@ replica the blocks the previous one left, and only the measured window counted."
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -58,6 +59,25 @@ def test_token_scaling_scales_the_shared_prompt_and_keeps_it_within_the_prompt()
     assert scaled.follows == FollowUp("c:t0", 50.0, 20) and scaled.conversation == "c"
     over = scale_tokens(replace(t1, follows=FollowUp("c:t0", 50.0, 80)), 0.33)  # 26 of a 20-token prompt
     assert over.follows.shared_tokens == over.prompt_tokens == 20
+
+
+def test_marsched_jsonl_keeps_conversations_and_names_a_bad_follows_field(tmp_path):
+    from marsched.workload import TraceError, load_jsonl, save_jsonl
+
+    assert load_jsonl(save_jsonl(chain(), tmp_path / "c.jsonl")) == chain()
+    for follows, field, words in [
+        ([], "follows", "JSON object"), ({"previous": "", "gap_s": 1, "shared_tokens": 0}, "follows.previous", "non-empty"),
+        ({"previous": "p", "gap_s": -1, "shared_tokens": 0}, "follows.gap_s", ">= 0"),
+        ({"previous": "p", "gap_s": 1}, "follows.shared_tokens", "missing"),
+        ({"previous": "p", "gap_s": 1, "shared_tokens": 11}, "follows.shared_tokens", "more than the 10 prompt"),
+        ({"previous": "p", "gap_s": 1, "shared_tokens": 1, "x": 0}, "follows.x", "unknown key"),
+    ]:
+        line = json.dumps({"id": "r", "prompt_tokens": 10, "segments": [{"output_tokens": 1}], "follows": follows})
+        (tmp_path / "bad.jsonl").write_text(line + "\n")
+        with pytest.raises(TraceError) as caught:
+            load_jsonl(tmp_path / "bad.jsonl")
+        assert (caught.value.record, caught.value.field) == ("line 1 (request 'r')", field)
+        assert words in caught.value.problem
 
 
 # --- the stream ---------------------------------------------------------------------------

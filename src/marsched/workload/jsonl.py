@@ -6,7 +6,9 @@ Request keys: ``id`` (non-empty string, unique in the file), ``prompt_tokens`` (
 ``segments`` (non-empty list), and optionally ``arrival_s`` (seconds >= 0, default 0) and
 ``template_id`` (string: the request this one was sampled from) and ``spawned_by``
 (``{"parent": id, "segment": index}``: the request whose call starts this one, a subagent;
-see `Request.spawned_by`). Segment keys:
+see `Request.spawned_by`), ``conversation`` (string) and ``follows``
+(``{"previous": id, "gap_s": seconds, "shared_tokens": count}``: the conversation's task this
+one follows, see `FollowUp`; ``shared_tokens`` at most ``prompt_tokens``). Segment keys:
 ``output_tokens`` (integer >= 0) and ``api`` with ``type`` (one of the `ApiType` values:
 math, qa, ve, chatbot, tts, image, tool, other), ``duration_s`` (seconds >= 0) and
 ``return_tokens`` (integer >= 0), and optionally ``kept_tokens`` (integer >= 0, at most the
@@ -39,12 +41,13 @@ from marsched.workload._checks import (
     require_text,
 )
 from marsched.workload.errors import TraceError, describe
-from marsched.workload.model import ApiCall, ApiType, Request, Spawn, build_request
+from marsched.workload.model import ApiCall, ApiType, FollowUp, Request, Spawn, build_request
 
-_REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "segments", "template_id", "spawned_by"}
+_REQUEST_KEYS = {"id", "arrival_s", "prompt_tokens", "segments", "template_id", "spawned_by", "conversation", "follows"}
 _SEGMENT_KEYS = {"output_tokens", "api"}
 _API_KEYS = {"type", "duration_s", "return_tokens", "kept_tokens"}
 _SPAWN_KEYS = {"parent", "segment"}
+_FOLLOWS_KEYS = {"previous", "gap_s", "shared_tokens"}
 _API_TYPES = {t.value: t for t in ApiType}
 
 
@@ -82,6 +85,11 @@ def request_to_record(request: Request) -> dict:
         record["template_id"] = request.template_id
     if request.spawned_by is not None:
         record["spawned_by"] = {"parent": request.spawned_by.parent_id, "segment": request.spawned_by.segment_index}
+    if request.conversation:
+        record["conversation"] = request.conversation
+    if request.follows is not None:
+        record["follows"] = {"previous": request.follows.previous_id, "gap_s": request.follows.gap_s,
+                             "shared_tokens": request.follows.shared_tokens}
     segments = []
     for segment in request.segments:
         item: dict = {"output_tokens": segment.output_tokens}
@@ -126,6 +134,8 @@ def _parse_line(line: str, number: int, source: Source) -> Request:
         for index, segment in enumerate(segments)
     ]
     spawned_by = _parse_spawn(record["spawned_by"], source, where) if "spawned_by" in record else None
+    conversation = require_text(record.get("conversation", ""), source, where, "conversation")
+    follows = _parse_follows(record["follows"], prompt_tokens, source, where) if "follows" in record else None
     context = prompt_tokens
     for index, (output_tokens, api) in enumerate(parts):  # what a call keeps must exist
         if api is not None and api.kept_tokens is not None and api.kept_tokens > context + output_tokens:
@@ -133,7 +143,7 @@ def _parse_line(line: str, number: int, source: Source) -> Request:
                              f"{api.kept_tokens} is more than the {context + output_tokens} tokens of context at the call")
         context = api.next_context(context + output_tokens) if api is not None else context
     request = build_request(request_id, prompt_tokens, parts, arrival_s)
-    return replace(request, template_id=template_id, spawned_by=spawned_by)
+    return replace(request, template_id=template_id, spawned_by=spawned_by, conversation=conversation, follows=follows)
 
 
 def _parse_spawn(value: object, source: Source, where: str) -> Spawn:
@@ -146,6 +156,21 @@ def _parse_spawn(value: object, source: Source, where: str) -> Spawn:
     segment = require_count(_required(value, "segment", source, where, "spawned_by."), source, where,
                             "spawned_by.segment")
     return Spawn(parent, segment)
+
+
+def _parse_follows(value: object, prompt_tokens: int, source: Source, where: str) -> FollowUp:
+    if not isinstance(value, dict):
+        raise TraceError(source, where, "follows", f"must be a JSON object, got {describe(value)}")
+    _reject_unknown(value, _FOLLOWS_KEYS, source, where, prefix="follows.")
+    previous = _required(value, "previous", source, where, "follows.")
+    if not isinstance(previous, str) or not previous:
+        raise TraceError(source, where, "follows.previous", f"must be a non-empty string, got {describe(previous)}")
+    gap_s = require_seconds(_required(value, "gap_s", source, where, "follows."), source, where, "follows.gap_s")
+    shared = require_count(_required(value, "shared_tokens", source, where, "follows."), source, where,
+                           "follows.shared_tokens")
+    if shared > prompt_tokens:
+        raise TraceError(source, where, "follows.shared_tokens", f"{shared} is more than the {prompt_tokens} prompt tokens")
+    return FollowUp(previous, gap_s, shared)
 
 
 def _parse_segment(segment: object, last: bool, source: Source, where: str) -> tuple[int, ApiCall | None]:
