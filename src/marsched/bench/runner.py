@@ -150,10 +150,12 @@ def run_one(spec: RunSpec, templates: list[Request] | None = None,
         record.update(replicas=spec.replicas, routing=spec.routing, routed_per_replica=result.routed,
                       iterations=sum(r.iterations for r in result.replicas),
                       reused_tokens=sum(r.reused_blocks for r in result.replicas) * profile.block_tokens,
-                      carried_tokens=sum(r.carried_blocks for r in result.replicas) * profile.block_tokens)
+                      carried_tokens=sum(r.carried_blocks for r in result.replicas) * profile.block_tokens,
+                      shared_tokens=sum(r.shared_blocks for r in result.replicas) * profile.block_tokens)
     else:
         record.update(iterations=result.iterations, reused_tokens=result.reused_blocks * profile.block_tokens,
-                      carried_tokens=result.carried_blocks * profile.block_tokens)
+                      carried_tokens=result.carried_blocks * profile.block_tokens,
+                      shared_tokens=result.shared_blocks * profile.block_tokens)
     record["wallclock_s"] = result.wallclock_s
     return record
 

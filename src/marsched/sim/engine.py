@@ -92,6 +92,7 @@ class Simulator(PrefixReuse, IterationRun):
         self._started_t = time.perf_counter()
         self.reused_blocks = 0  # prefix and host hits
         self.carried_blocks = 0  # the part of them a task took from its conversation's previous task
+        self.shared_blocks = 0  # the full blocks tasks' prompts share with their conversation's previous task
 
     @property
     def paused_preserved(self) -> dict[str, SimRequest]:
@@ -157,7 +158,7 @@ class Simulator(PrefixReuse, IterationRun):
     def finish(self) -> SimResult:
         self.lifecycle.ended(len(self.records))
         return SimResult(self.records, self.iteration, self.steps, self.now, time.perf_counter() - self._started_t,
-                         self.reused_blocks, self.carried_blocks)
+                         self.reused_blocks, self.carried_blocks, self.shared_blocks)
 
     def load(self) -> EngineLoad:
         return EngineLoad(
@@ -209,6 +210,7 @@ class Simulator(PrefixReuse, IterationRun):
             if request.conversation:  # what it may take of its conversation's cached blocks
                 shared = request.follows.shared_tokens if request.follows is not None else 0
                 sim_request.inherited_blocks = shared // self.block_tokens
+                self.shared_blocks += sim_request.inherited_blocks
             self.live[request.request_id] = sim_request
             self.lifecycle.arrived(sim_request, request.arrival_s, request.prompt_tokens)
             self.lifecycle.start_segment(sim_request, "waiting")

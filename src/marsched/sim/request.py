@@ -67,6 +67,7 @@ class SimResult:
     wallclock_s: float
     reused_blocks: int = 0  # blocks taken back from the prefix cache or the host tier instead of computed
     carried_blocks: int = 0  # the part of them a task took from its conversation's previous task
+    shared_blocks: int = 0  # the full blocks tasks' prompts share with their conversation's previous task
 
 
 def finished_record(sim_request: SimRequest, cost: CostModel) -> RequestRecord:
