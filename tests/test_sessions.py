@@ -247,3 +247,24 @@ def test_bad_session_options_are_errors(changes, words):
 def test_the_command_line_names_a_bad_arrivals_option():
     run = marsched("simulate", "--arrivals", "closed", "--duration", "5")
     assert run.returncode != 0 and "--arrivals 'closed'" in run.stdout + run.stderr
+
+
+@pytest.mark.parametrize("value", ["0", "-2", "nan"])
+def test_the_command_line_names_a_bad_kv_scale(tmp_path, value):
+    out = tmp_path / "out.json"
+    run = marsched("simulate", "--kv-scale", value, "--duration", "5", "--json", str(out))
+    assert run.returncode == 2 and "--kv-scale" in run.stderr and "give a finite number > 0" in run.stderr
+    assert not out.exists()
+
+
+def test_kv_scale_gives_the_replicas_more_room_and_says_so(tmp_path):
+    records = {}
+    for scale in ("1", "4"):
+        out = tmp_path / f"kv{scale}.json"
+        run = marsched("simulate", "--trace", str(session_file(tmp_path)), "--profile", "llama3-8b-h100",
+                       "--arrivals", "sessions", "--qps", "0.1", "--duration", "60", "--warmup", "60",
+                       "--replicas", "2", "--kv-scale", scale, "--json", str(out))
+        assert run.returncode == 0, run.stderr
+        records[scale] = json.loads(out.read_text())[0]
+    assert records["1"]["kv_scale"] == 1.0 and records["4"]["kv_scale"] == 4.0
+    assert records["1"]["num_measured"] > 0 and records["4"]["num_measured"] > 0

@@ -102,6 +102,9 @@ PrefixCacheOpt = Annotated[bool, typer.Option(
 TokenScaleOpt = Annotated[float, typer.Option(
     help="Multiply every token count of the trace (contexts, outputs, returns) by this, e.g. 0.25 to fit "
          "claude-code's long contexts into a profile's KV cache; every record states it.")]
+KvScaleOpt = Annotated[float, typer.Option(
+    help="Multiply the profile's device KV blocks by this (a larger GPU memory share, or a KV tier as fast "
+         "as the device); every record states it (kv_scale).")]
 ReplicasOpt = Annotated[int, typer.Option(
     help="Simulate this many replicas of the profile behind a router (docs/simulator.md, a cluster).")]
 ArrivalsOpt = Annotated[str, typer.Option(
@@ -131,16 +134,18 @@ def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float
               api_estimator: str, starvation_threshold: str, starvation: str, admission: str, refresh_interval: int,
               strict: bool, trace_out: str | None = None, token_scale: float = 1.0, replicas: int = 1,
               routing: str = "least-loaded", prefix_cache: bool = True, arrivals: str = "poisson",
-              warmup: float = 0.0) -> RunSpec:
+              warmup: float = 0.0, kv_scale: float = 1.0) -> RunSpec:
     """The run the shared options of simulate and compare describe, each option checked on its own."""
     threshold = checked(lambda: check_run_options(
         profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
         starvation_threshold_text=starvation_threshold, starvation=starvation, admission=admission,
         refresh_interval=refresh_interval, duration=duration))
     checked(lambda: check_positive("--token-scale", token_scale))
+    checked(lambda: check_positive("--kv-scale", kv_scale))
     return RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold, refresh_interval,
                    trace_out, strict=strict, starvation=starvation, admission=admission, token_scale=token_scale,
-                   replicas=replicas, routing=routing, prefix_cache=prefix_cache, arrivals=arrivals, warmup_s=warmup)
+                   replicas=replicas, routing=routing, prefix_cache=prefix_cache, arrivals=arrivals, warmup_s=warmup,
+                   kv_scale=kv_scale)
 
 
 @app.command()
@@ -166,13 +171,14 @@ def simulate(
     prefix_cache: PrefixCacheOpt = True,
     arrivals: ArrivalsOpt = "poisson",
     warmup: WarmupOpt = 0.0,
+    kv_scale: KvScaleOpt = 1.0,
 ) -> None:
     """Simulate one policy at one arrival rate."""
     checked(lambda: check_policy("--policy", policy))
     checked(lambda: check_positive("--qps", qps))
     spec = _run_spec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, starvation_threshold,
                      starvation, admission, refresh_interval, strict, str(trace_out) if trace_out else None,
-                     token_scale, replicas, routing, prefix_cache, arrivals, warmup)
+                     token_scale, replicas, routing, prefix_cache, arrivals, warmup, kv_scale)
     check_outputs(json_path=json_path, trace_out=trace_out)
     checked(spec.build)  # what is left: combinations of options
     with trace_warnings_once():
@@ -218,6 +224,7 @@ def compare(
     prefix_cache: PrefixCacheOpt = True,
     arrivals: ArrivalsOpt = "poisson",
     warmup: WarmupOpt = 0.0,
+    kv_scale: KvScaleOpt = 1.0,
 ) -> None:
     """Run several policies at several arrival rates on the same workload and engine."""
     names = comma_names(policies)
@@ -231,7 +238,7 @@ def compare(
     base = _run_spec(names[0], rates[0], trace, profile, duration, seed, predictor, api_estimator,
                      starvation_threshold, starvation, admission, refresh_interval, strict, token_scale=token_scale,
                      replicas=replicas, routing=routing, prefix_cache=prefix_cache, arrivals=arrivals,
-                     warmup=warmup)
+                     warmup=warmup, kv_scale=kv_scale)
     check_outputs(json_path=json_path, plot=plot)
     specs = grid(base, names, rates)
     for spec in specs:
