@@ -146,25 +146,26 @@ def _parse_line(line: str, number: int, source: Source) -> Request:
     return replace(request, template_id=template_id, spawned_by=spawned_by, conversation=conversation, follows=follows)
 
 
-def _parse_spawn(value: object, source: Source, where: str) -> Spawn:
+def _nested(value: object, name: str, keys: set[str], id_key: str, source: Source, where: str) -> tuple[dict, str]:
+    """Field `name`'s JSON object, holding none but `keys`, and its non-empty string `id_key`."""
     if not isinstance(value, dict):
-        raise TraceError(source, where, "spawned_by", f"must be a JSON object, got {describe(value)}")
-    _reject_unknown(value, _SPAWN_KEYS, source, where, prefix="spawned_by.")
-    parent = _required(value, "parent", source, where, "spawned_by.")
-    if not isinstance(parent, str) or not parent:
-        raise TraceError(source, where, "spawned_by.parent", f"must be a non-empty string, got {describe(parent)}")
+        raise TraceError(source, where, name, f"must be a JSON object, got {describe(value)}")
+    _reject_unknown(value, keys, source, where, prefix=f"{name}.")
+    text = _required(value, id_key, source, where, f"{name}.")
+    if not isinstance(text, str) or not text:
+        raise TraceError(source, where, f"{name}.{id_key}", f"must be a non-empty string, got {describe(text)}")
+    return value, text
+
+
+def _parse_spawn(value: object, source: Source, where: str) -> Spawn:
+    value, parent = _nested(value, "spawned_by", _SPAWN_KEYS, "parent", source, where)
     segment = require_count(_required(value, "segment", source, where, "spawned_by."), source, where,
                             "spawned_by.segment")
     return Spawn(parent, segment)
 
 
 def _parse_follows(value: object, prompt_tokens: int, source: Source, where: str) -> FollowUp:
-    if not isinstance(value, dict):
-        raise TraceError(source, where, "follows", f"must be a JSON object, got {describe(value)}")
-    _reject_unknown(value, _FOLLOWS_KEYS, source, where, prefix="follows.")
-    previous = _required(value, "previous", source, where, "follows.")
-    if not isinstance(previous, str) or not previous:
-        raise TraceError(source, where, "follows.previous", f"must be a non-empty string, got {describe(previous)}")
+    value, previous = _nested(value, "follows", _FOLLOWS_KEYS, "previous", source, where)
     gap_s = require_seconds(_required(value, "gap_s", source, where, "follows."), source, where, "follows.gap_s")
     shared = require_count(_required(value, "shared_tokens", source, where, "follows."), source, where,
                            "follows.shared_tokens")
