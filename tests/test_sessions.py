@@ -257,7 +257,7 @@ def test_the_command_line_names_a_bad_kv_scale(tmp_path, value):
     assert not out.exists()
 
 
-def test_kv_scale_gives_the_replicas_more_room_and_says_so(tmp_path):
+def test_kv_scale_reaches_the_run_and_its_record(tmp_path):
     records = {}
     for scale in ("1", "4"):
         out = tmp_path / f"kv{scale}.json"
