@@ -23,7 +23,7 @@ def test_noisy_predictions_are_repeatable_and_spread_with_sigma():
 
 def test_parse_rejects_bad_specs():
     assert parse_length_predictor("noisy:0.3").name == "noisy:0.3"
-    with pytest.raises(ValueError, match="valid: oracle, noisy:SIGMA"):
+    with pytest.raises(ValueError, match="valid: online, foreknowledge \\(a bound\\), oracle, noisy:SIGMA"):
         parse_length_predictor("magic")
     with pytest.raises(ValueError, match="must be a number"):
         parse_length_predictor("noisy:abc")

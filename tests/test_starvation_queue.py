@@ -155,7 +155,7 @@ def test_records_name_the_starvation_variant_whatever_its_threshold():
             assert starvation_variant(replace(config, threshold=config.threshold * 3)) == name
     assert starvation_variant(replace(STARVATION_VARIANTS["age"], for_life=False)) == "custom"
     fields = policy_fields(make_policy("mars", COST, starvation="published", starvation_threshold=7, refresh_interval=3))
-    assert fields == {"predictor": "oracle+api:oracle", "starvation": "published", "starvation_threshold": 7,
+    assert fields == {"predictor": "oracle+api:oracle", "rest": "plan", "bound": True, "starvation": "published", "starvation_threshold": 7,
                       "starvation_fcfs_multiple": None, "admission": "predicted-peak", "refresh_interval": 3}
     assert policy_fields(make_policy("infercept", COST))["starvation"] == "off"
 

@@ -21,7 +21,7 @@ REQUEST = COMMON | {"segment", "queue"}
 FIELDS = {
     "run": COMMON | {"schema_version", "engine", "policy", "device_blocks", "host_blocks", "block_tokens"},
     "end": COMMON | {"requests"},
-    "arrive": REQUEST | {"arrival_s", "prompt_tokens", "segments"},
+    "arrive": REQUEST | {"arrival_s", "prompt_tokens"},  # not its segments: the arrival does not tell
     "predict": REQUEST | {"output_tokens", "api_s", "return_tokens", "predictor", "source"},
     "assign_strategy": REQUEST | {"strategy", "reason", "context_tokens", "api_s"},
     "admit": REQUEST | {"prefill_tokens", "wait_s", "score", "promoted", "counter", "key_basis", "predicted_output_tokens",
@@ -35,7 +35,7 @@ FIELDS = {
     "api_end": REQUEST | {"return_tokens"},
     "resume": REQUEST | {"where"},
     "promote": REQUEST | {"counter"},
-    "finish": REQUEST | {"e2e_s", "ttft_s", "status", "strategies", "preemptions"},
+    "finish": REQUEST | {"e2e_s", "ttft_s", "status", "strategies", "preemptions", "segments"},
 }
 # A trailing call; a segment without a call; an empty queue.
 NULLABLE = {("api_start", "strategy"), ("preempt", "strategy"), ("schedule", "next_score"),
@@ -104,14 +104,16 @@ def _check(policy, profile):
         s = state.setdefault(rid, {"segment": 0})
         live = sim.live.get(rid)
         if kind == "arrive":
-            assert (event["prompt_tokens"], event["segments"]) == (request.prompt_tokens, len(request.segments))
+            assert event["prompt_tokens"] == request.prompt_tokens
             assert event["arrival_s"] == request.arrival_s
             s.update(arrive=event["t"], queued=event["t"])
         elif kind == "assign_strategy":
             assert event["segment"] == s["segment"] == live.progress.segment_index
             assert event["strategy"] == live.progress.strategy.value
             segment = request.segments[event["segment"]]
-            if event["reason"] == "ahead":  # oracle predictions: the segment's own context and call
+            if event["reason"] == "ahead" and not policy.knows_future:  # predicted from the past: the context so far
+                assert event["context_tokens"] > segment.context_tokens
+            if event["reason"] == "ahead" and policy.knows_future:  # oracle predictions: the segment's own context and call
                 assert (event["context_tokens"], event["api_s"]) == (segment.context_at_call, segment.api.duration_s)
         elif kind == "admit":
             assert event["segment"] == s["segment"]
@@ -163,6 +165,7 @@ def _check(policy, profile):
         elif kind == "finish":
             record = next(r for r in sim.records if r.request_id == rid)
             assert (event["t"], event["e2e_s"], event["ttft_s"]) == (record.finish_s, record.e2e_s, record.ttft_s)
+            assert event["segments"] == len(request.segments)
             # Arrivals are taken in at the next iteration boundary: the event is at most one iteration late.
             assert record.arrival_s == request.arrival_s <= s["arrive"] < request.arrival_s + COST.full_iteration_s
 
@@ -183,3 +186,13 @@ def test_a_run_with_swaps_preemptions_and_promotions_is_consistent():
     assert {"swap_out", "swap_in", "preempt", "promote", "assign_strategy"} <= seen
     swap = _check(make_policy("swap", COST), small_profile(device_blocks=20, host_blocks=64))
     assert {"swap_out", "swap_in"} <= set(swap)
+
+
+@pytest.mark.parametrize("rest", ["gittins", "mean"])
+def test_a_run_that_knows_only_the_past_is_consistent(rest):
+    from marsched.predict.online import OnlineLength, PastMeanApi
+    from marsched.predict.segment import SegmentPredictor
+
+    policy = make_policy("mars", COST, SegmentPredictor(OnlineLength(), PastMeanApi()), rest=rest)
+    seen = _check(policy, small_profile(device_blocks=20, host_blocks=64))
+    assert {"admit", "assign_strategy", "api_start", "finish"} <= set(seen)

@@ -19,7 +19,9 @@ from marsched.cli_checks import (
 )
 from marsched.cli_output import console, print_results, progress, trace_warnings_once
 from marsched.policy import Admission
-from marsched.policy.registry import POLICY_NAMES, STARVATION_NAMES, STARVATION_VARIANTS
+from marsched.policy.program_rest import DEFAULT_REST
+from marsched.policy.registry import POLICY_NAMES, STARVATION_NAMES, STARVATION_VARIANTS, parse_rest
+from marsched.predict.online import DEFAULT_API_ESTIMATOR, DEFAULT_PREDICTOR
 from marsched.sim.profile import load_profile, profile_names
 from marsched.workload.loader import NAMED_TRACES, TRACE_NAMES
 
@@ -65,15 +67,26 @@ ADMISSION_HELP = {
     Admission.PREDICTED_PEAK.value: "admit only if the batch's predicted peak KV still fits (MARS's default)",
 }
 PREDICTOR_HELP = {
-    "oracle": "output lengths from the trace (exact)",
+    "online": "per task class and position, the mean reply of the segments served so far, pulled toward "
+              "the request's own earlier replies (knowable: the default)",
+    "foreknowledge": "a bound: every length, call and later segment read from the trace (with the API oracle "
+                     "and --rest plan)",
+    "oracle": "output lengths from the trace (exact; a bound)",
     "noisy:SIGMA": "the true length times 1 + N(0, SIGMA), e.g. noisy:0.3",
     "type-mean": "per kind of segment (its call's API type, or the end), the trace's mean output length",
     "learned[:HEAD]": "MiniLM + a trained head on text records (the packaged default; 'agent', the packaged head "
                       "trained on agent turns; or a directory); type-mean for the rest",
 }
 API_ESTIMATOR_HELP = {
-    "type-mean": "per API type, the mean of the calls seen so far, started from a prior",
-    "oracle": "each call's true duration and return length",
+    "past-mean": "per tool, the mean of the calls seen so far, for the tool of the request's latest call "
+                 "(or its class) (knowable: the default)",
+    "type-mean": "per API type, the mean of the calls seen so far, for the type of the call to come (a bound)",
+    "oracle": "each call's true duration and return length (a bound)",
+}
+REST_HELP = {
+    "gittins": "the Gittins rank over the turns left, as the requests that ended had them (the default)",
+    "mean": "the conditional mean of the turns left, from the requests that ended",
+    "plan": "a bound: the trace's later segments, each predicted",
 }
 
 TraceOpt = Annotated[str, typer.Option(
@@ -86,7 +99,10 @@ DurationOpt = Annotated[float, typer.Option(help="Seconds of Poisson arrivals; t
 SeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and noisy predictions (0 to 2^32-1).")]
 PredictorOpt = Annotated[str, typer.Option(
     help="Output-length predictor: oracle, noisy:SIGMA, type-mean, learned or learned:HEAD (marsched list).")]
-ApiOpt = Annotated[str, typer.Option("--api-estimator", help="API-duration estimate: type-mean or oracle.")]
+ApiOpt = Annotated[str, typer.Option("--api-estimator", help="API-duration estimate: past-mean, type-mean or oracle.")]
+RestOpt = Annotated[str, typer.Option(
+    help="What the key knows past a request's current segment: gittins or mean (learnt from the requests "
+         "that ended), or plan (the trace's, a bound).")]
 StarvationOpt = Annotated[str, typer.Option(
     help="Starvation threshold in the variant's units (seconds for 'fcfs-wait' and 'age', iterations for the others), 'off', or 'default'.")]
 VariantOpt = Annotated[str, typer.Option(
@@ -134,7 +150,7 @@ def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float
               api_estimator: str, starvation_threshold: str, starvation: str, admission: str, refresh_interval: int,
               strict: bool, trace_out: str | None = None, token_scale: float = 1.0, replicas: int = 1,
               routing: str = "least-loaded", prefix_cache: bool = True, arrivals: str = "poisson",
-              warmup: float = 0.0, kv_scale: float = 1.0) -> RunSpec:
+              warmup: float = 0.0, kv_scale: float = 1.0, rest: str = DEFAULT_REST) -> RunSpec:
     """The run the shared options of simulate and compare describe, each option checked on its own."""
     threshold = checked(lambda: check_run_options(
         profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
@@ -142,10 +158,11 @@ def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float
         refresh_interval=refresh_interval, duration=duration))
     checked(lambda: check_positive("--token-scale", token_scale))
     checked(lambda: check_positive("--kv-scale", kv_scale))
+    checked(lambda: parse_rest(rest))
     return RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold, refresh_interval,
                    trace_out, strict=strict, starvation=starvation, admission=admission, token_scale=token_scale,
                    replicas=replicas, routing=routing, prefix_cache=prefix_cache, arrivals=arrivals, warmup_s=warmup,
-                   kv_scale=kv_scale)
+                   kv_scale=kv_scale, rest=rest)
 
 
 @app.command()
@@ -156,8 +173,9 @@ def simulate(
     profile: ProfileOpt = "gptj-6b-a100",
     duration: DurationOpt = 600.0,
     seed: SeedOpt = 0,
-    predictor: PredictorOpt = "oracle",
-    api_estimator: ApiOpt = "type-mean",
+    predictor: PredictorOpt = DEFAULT_PREDICTOR,
+    api_estimator: ApiOpt = DEFAULT_API_ESTIMATOR,
+    rest: RestOpt = DEFAULT_REST,
     starvation_threshold: StarvationOpt = "default",
     starvation: VariantOpt = "default",
     admission: AdmissionOpt = "default",
@@ -178,7 +196,7 @@ def simulate(
     checked(lambda: check_positive("--qps", qps))
     spec = _run_spec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, starvation_threshold,
                      starvation, admission, refresh_interval, strict, str(trace_out) if trace_out else None,
-                     token_scale, replicas, routing, prefix_cache, arrivals, warmup, kv_scale)
+                     token_scale, replicas, routing, prefix_cache, arrivals, warmup, kv_scale, rest)
     check_outputs(json_path=json_path, trace_out=trace_out)
     checked(spec.build)  # what is left: combinations of options
     with trace_warnings_once():
@@ -208,8 +226,9 @@ def compare(
     profile: ProfileOpt = "gptj-6b-a100",
     duration: DurationOpt = 600.0,
     seed: SeedOpt = 0,
-    predictor: PredictorOpt = "oracle",
-    api_estimator: ApiOpt = "type-mean",
+    predictor: PredictorOpt = DEFAULT_PREDICTOR,
+    api_estimator: ApiOpt = DEFAULT_API_ESTIMATOR,
+    rest: RestOpt = DEFAULT_REST,
     starvation_threshold: StarvationOpt = "default",
     starvation: VariantOpt = "default",
     admission: AdmissionOpt = "default",
@@ -238,7 +257,7 @@ def compare(
     base = _run_spec(names[0], rates[0], trace, profile, duration, seed, predictor, api_estimator,
                      starvation_threshold, starvation, admission, refresh_interval, strict, token_scale=token_scale,
                      replicas=replicas, routing=routing, prefix_cache=prefix_cache, arrivals=arrivals,
-                     warmup=warmup, kv_scale=kv_scale)
+                     warmup=warmup, kv_scale=kv_scale, rest=rest)
     check_outputs(json_path=json_path, plot=plot)
     specs = grid(base, names, rates)
     for spec in specs:
@@ -277,6 +296,7 @@ def list_names() -> None:
     section("traces (--trace)", [(t.name, t.summary) for t in NAMED_TRACES])
     section("predictors (--predictor)", list(PREDICTOR_HELP.items()))
     section("API estimators (--api-estimator)", list(API_ESTIMATOR_HELP.items()))
+    section("rest of a request (--rest)", list(REST_HELP.items()))
 
 
 @app.command(context_settings={"allow_extra_args": True, "ignore_unknown_options": True})

@@ -11,9 +11,11 @@ from dataclasses import dataclass, replace
 from marsched.metrics.records import summarize
 from marsched.metrics.trace import EventTrace, TraceFile
 from marsched.policy.policy import Policy
+from marsched.policy.program_rest import DEFAULT_REST, RestRule
 from marsched.policy.registry import make_policy, starvation_variant
 from marsched.predict.api_duration import parse_api_estimator
-from marsched.predict.length import parse_length_predictor, prepare_length_predictor
+from marsched.predict.length import FOREKNOWLEDGE, parse_length_predictor, prepare_length_predictor
+from marsched.predict.online import DEFAULT_API_ESTIMATOR, DEFAULT_PREDICTOR
 from marsched.predict.segment import SegmentPredictor
 from marsched.sim.cluster import parse_routing, simulate_cluster
 from marsched.sim.engine import Simulator
@@ -42,8 +44,8 @@ class RunSpec:
     profile: str = "gptj-6b-a100"
     duration_s: float = 600.0
     seed: int = 0
-    predictor: str = "oracle"
-    api_estimator: str = "type-mean"
+    predictor: str = DEFAULT_PREDICTOR
+    api_estimator: str = DEFAULT_API_ESTIMATOR
     starvation_threshold: int | None | str = _DEFAULT  # "default": the policy's own
     refresh_interval: int = 1
     trace_out: str | None = None
@@ -60,6 +62,9 @@ class RunSpec:
     # second, replayed task by task (workload/sessions.py), measured over `duration_s` after `warmup_s`
     arrivals: str = "poisson"
     warmup_s: float = 0.0
+    # What the key knows past a request's current segment (`policy/program_rest.py`); the
+    # `foreknowledge` predictor reads the plan instead (a bound).
+    rest: str = DEFAULT_REST
 
     def build(self):
         """Profile and policy for this spec; raises ValueError naming what is wrong."""
@@ -79,14 +84,16 @@ class RunSpec:
         if self.warmup_s and self.arrivals != "sessions":
             raise ValueError("--warmup applies to --arrivals sessions only")
         profile = scale_kv_capacity(load_profile(self.profile), self.kv_scale)
-        predictor = SegmentPredictor(parse_length_predictor(self.predictor, self.seed), parse_api_estimator(self.api_estimator))
+        bound = self.predictor == FOREKNOWLEDGE  # lengths, calls and later segments from the trace
+        predictor = SegmentPredictor(parse_length_predictor(self.predictor, self.seed),
+                                     parse_api_estimator("oracle" if bound else self.api_estimator))
         extra = {} if self.starvation_threshold == _DEFAULT else {"starvation_threshold": self.starvation_threshold}
         if self.starvation != _DEFAULT:
             extra["starvation"] = self.starvation
         if self.admission != _DEFAULT:
             extra["admission"] = self.admission
         policy = make_policy(self.policy, profile.cost, predictor, refresh_interval=self.refresh_interval,
-                             prefix_cache=self.prefix_cache, **extra)
+                             prefix_cache=self.prefix_cache, rest=RestRule.PLAN if bound else self.rest, **extra)
         return profile, policy
 
 
@@ -164,6 +171,10 @@ def policy_fields(policy: Policy) -> dict:
     """The keys of a metrics record that say how the policy was set up (simulated or real engine)."""
     return {
         "predictor": policy.predictor.name,
+        "rest": policy.rest.value,
+        # Whether the run read what a server cannot know (a segment's own length or call, or the
+        # segments to come): then it is a bound, never MARS's number.
+        "bound": policy.knows_future or not policy.predictor.knowable,
         "starvation": starvation_variant(policy.starvation),
         "starvation_threshold": policy.starvation.threshold,
         "starvation_fcfs_multiple": policy.starvation.fcfs_multiple,

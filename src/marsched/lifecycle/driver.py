@@ -150,8 +150,7 @@ class CallLifecycle:
         # A turn of a program (marsched.vllm.programs) starts with the wait its program carried.
         carried = self.policy.starvation.carried(progress)
         extra = {"carried": carried} if carried else {}
-        self.emit("arrive", handle, arrival_s=arrival_s, prompt_tokens=prompt_tokens,
-                  segments=len(progress.request.segments), **extra)
+        self.emit("arrive", handle, arrival_s=arrival_s, prompt_tokens=prompt_tokens, **extra)
 
     def start_segment(self, handle: Any, queue: str, source: str = "plan") -> None:
         """A segment becomes current (arrival, call return): predict, and fix the strategy if the
@@ -340,8 +339,9 @@ class CallLifecycle:
         self.paused_preserved.pop(handle.progress.request_id, None)
         if status == "finished":
             self.policy.observe_finish(handle.progress)
+        # How many segments it had is known only now (the arrival does not tell: the knowledge boundary).
         self.emit("finish", handle, e2e_s=e2e_s, ttft_s=ttft_s, status=status, strategies=list(handle.strategies),
-                  preemptions=handle.preemptions)
+                  preemptions=handle.preemptions, segments=handle.progress.segment_index + 1)
 
     def swapped_out(self, handle: Any, blocks: int, t: float | None = None) -> None:
         self.emit("swap_out", handle, t, blocks=blocks)

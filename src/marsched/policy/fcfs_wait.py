@@ -26,6 +26,7 @@ from collections import deque
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
+from marsched.policy.program import ProgramOutlook
 from marsched.predict.segment import SegmentPrediction
 
 # Served work within this of an arrival's cumulative work counts as having reached it.
@@ -35,11 +36,14 @@ RATE_WINDOW_S = 60.0
 _SAMPLES_PER_WINDOW = 64
 
 
-def predicted_work_tokens(prompt_tokens: int, predictions: Sequence[SegmentPrediction]) -> int:
+def predicted_work_tokens(prompt_tokens: int, predictions: Sequence[SegmentPrediction],
+                          program: ProgramOutlook | None = None) -> int:
     """Tokens the engine computes for a request over its life, as predicted: the prompt, every
-    output token, and the tokens each call returns when another segment follows it."""
+    output token, and the tokens each call returns when another segment follows it; with a
+    program outlook (the rest learnt, not read), the turns it expects, each adding its growth."""
     returned = sum(p.api_return_tokens for p in predictions[:-1])
-    return prompt_tokens + sum(p.output_tokens for p in predictions) + returned
+    rest = 0 if program is None else round(program.turns_left * program.growth_tokens)
+    return prompt_tokens + sum(p.output_tokens for p in predictions) + returned + rest
 
 
 @dataclass(slots=True)

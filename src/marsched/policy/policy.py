@@ -16,12 +16,15 @@ from marsched.policy.cost_model import CostModel
 from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.ranking import KeyForm, RankingTerms, SegmentOutlook, remaining_area_form
+from marsched.policy.gittins import gittins_outlook
 from marsched.policy.plas import plas_key
 from marsched.policy.program import rest_area_per_iteration
+from marsched.policy.program_rest import ProgramRest, RestRule, call_chance
 from marsched.policy.strategy import Strategy
 from marsched.policy.ttl import FixedTtl, PaperTtl
 from marsched.policy.waste import CallCosts, call_wastes, cheapest
 from marsched.predict.segment import SegmentPredictor
+from marsched.workload.past import RequestPast
 
 
 _RECOMPUTE_MEMO = 65_536  # token counts `Policy.recompute_time` keeps before it starts again
@@ -148,6 +151,10 @@ class Policy:
     # request loads its stored prefix back over the host link before it computes. Needs the cache.
     offload: bool = False
     ttl: PaperTtl | FixedTtl | None = None  # the TTL rule's estimator (StrategyRule.TTL)
+    # What the key knows of a request past its current segment (`program_rest.py`): PLAN reads the
+    # trace's later segments (a bound); MEAN and GITTINS learn it from the requests that ended.
+    rest: RestRule = RestRule.PLAN
+    program_rest: ProgramRest = field(default_factory=ProgramRest, compare=False, repr=False)
     # Tfwd by token count, for the cost it was computed with: a MARS key asks it for every later
     # call at every push, of the same few contexts.
     _recompute_memo: tuple[CostModel | None, dict[int, float]] = field(
@@ -184,9 +191,17 @@ class Policy:
         """Whether queue keys change with the engine's load, so that they need refreshing."""
         return self.order is Order.MEMORY_TIME
 
+    @property
+    def knows_future(self) -> bool:
+        """Whether the key reads the trace's later segments (`RestRule.PLAN`): a bound."""
+        return self.rest is RestRule.PLAN
+
     def start_segment(self, progress: RequestProgress, load: EngineLoad) -> None:
         """Called when a segment becomes current (arrival, call return): predict, and fix the
         strategy now if this policy decides ahead."""
+        if not self.knows_future:
+            self._start_segment_from_past(progress, load)
+            return
         request = progress.request
         # Earlier segments keep the predictions they had (they are done); the current and later
         # ones are predicted anew, with what the estimators have learnt since.
@@ -197,6 +212,30 @@ class Policy:
         progress.strategy = None
         if progress.segment.api is None or progress.in_last_segment:
             return  # no call, or a trailing call: the request's KV is freed at it, nothing to decide
+        self._assign_ahead(progress, load)
+
+    def _start_segment_from_past(self, progress: RequestProgress, load: EngineLoad) -> None:
+        """`start_segment` knowing only the request's past (`workload/past.py`): the current
+        segment is predicted, the rest comes from the requests that ended (`program_rest.py`),
+        and a strategy is fixed ahead for the call the segment may end with."""
+        request, index = progress.request, progress.segment_index
+        if index:  # the segment before is done: its length is the past now
+            self.predictor.observe_output(RequestPast.of(request, index - 1), request.segments[index - 1].output_tokens)
+        past = RequestPast.of(request, index)
+        prediction = self.predictor.predict(request, index)
+        outlook, counts = self.program_rest.outlook(past, prediction.output_tokens)
+        prediction.has_call = call_chance(counts) >= 0.5
+        prediction.kept_tokens = None  # a compaction shows only when the next segment arrives
+        done = progress.predictions[:index]
+        progress.predictions = done + [prediction] * (index + 1 - len(done))
+        progress.program = outlook
+        progress.rest_counts = counts if self.rest is RestRule.GITTINS else None
+        progress.strategy = None
+        self._assign_ahead(progress, load)
+
+    def _assign_ahead(self, progress: RequestProgress, load: EngineLoad) -> None:
+        """Fix the current segment's strategy now, if this policy decides ahead."""
+        index = progress.segment_index
         if self.rule is StrategyRule.FIXED:
             progress.assign(StrategyAssignment(index, self.fixed_strategy, load.now_s, 0, 0.0, "fixed"))
         elif self.rule is StrategyRule.AHEAD:
@@ -276,9 +315,15 @@ class Policy:
             self.ttl.observe_queue_delay(wait_s)
 
     def observe_finish(self, progress: RequestProgress) -> None:
-        """A program finished: its turns feed the TTL rule's η."""
+        """A program finished: its turns feed the TTL rule's η, and its segments what the policy
+        learns of the rest of programs (`program_rest.py`)."""
+        request = progress.request
         if self.ttl is not None:
-            self.ttl.observe_program(len(progress.request.segments))
+            self.ttl.observe_program(len(request.segments))
+        if not self.knows_future:
+            last = len(request.segments) - 1
+            self.predictor.observe_output(RequestPast.of(request, last), request.segments[last].output_tokens)
+            self.program_rest.ended(request.task_class, request.segments)
 
     def host_full_fallback(self, progress: RequestProgress, load: EngineLoad) -> Strategy:
         """The call was to swap but host memory has no room: the cheaper of preserve and discard."""
@@ -337,7 +382,8 @@ class Policy:
         """The request's device KV over its current segment, from the predictions."""
         prediction = progress.predictions[progress.segment_index]
         decode_left = max(prediction.output_tokens - progress.generated, 1)
-        held_after = progress.strategy is Strategy.PRESERVE and not progress.in_last_segment
+        last = progress.in_last_segment if self.knows_future else not prediction.has_call
+        held_after = progress.strategy is Strategy.PRESERVE and not last
         return KvOutlook(progress.context_tokens, decode_left, held_after)
 
     def looks_at_batch(self, batch_running: bool) -> bool:
@@ -389,7 +435,9 @@ class Policy:
 
     def remaining_tokens(self, progress: RequestProgress) -> int:
         predictions = progress.predictions[progress.segment_index :]
-        return max(predictions[0].output_tokens - progress.generated, 1) + sum(p.output_tokens for p in predictions[1:])
+        rest = 0 if progress.program is None else round(progress.program.turns_left * progress.program.output_tokens)
+        return (max(predictions[0].output_tokens - progress.generated, 1) + sum(p.output_tokens for p in predictions[1:])
+                + rest)
 
     def memory_time(self, progress: RequestProgress, load: EngineLoad) -> float:
         return self.memory_time_form(progress, load).at(load.iteration_s)
@@ -401,9 +449,17 @@ class Policy:
                                    running_kv=running_kv, recompute_time=self.recompute_time)
         if progress.program is None:
             return form
-        # A conversation turn over HTTP: its program's turns to come (`program.py`).
+        # The program's turns to come (`program.py`): a conversation's over HTTP, or the segments
+        # a request has left, as learnt from those that ended (`program_rest.py`).
+        if progress.rest_counts is not None:  # the Gittins rank's horizon, at the τ now
+            program = progress.program
+            progress.program = gittins_outlook(progress.rest_counts, form.at(load.iteration_s), progress.context_tokens,
+                                               program.output_tokens, program.growth_tokens, load.iteration_s)
         rest = rest_area_per_iteration(progress.program, progress.context_tokens)
-        return replace(form, per_iteration_s=form.per_iteration_s + rest)
+        chance = progress.program.completion
+        if chance == 1.0:
+            return replace(form, per_iteration_s=form.per_iteration_s + rest)
+        return replace(form, per_iteration_s=(form.per_iteration_s + rest) / chance, fixed=form.fixed / chance)
 
     def _later_strategies_follow_load(self, progress: RequestProgress) -> bool:
         """Whether `outlook` picks a later call's strategy by waste (which weighs the running KV)."""

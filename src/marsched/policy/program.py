@@ -17,6 +17,7 @@ had past this one (`ProgramLengths`), from a prior while few have ended.
 from __future__ import annotations
 
 import bisect
+from collections import deque
 from dataclasses import dataclass, field
 
 PRIOR_TURNS_LEFT = 1.0  # turns left of a program while too few have ended to say
@@ -26,17 +27,31 @@ MAX_ENDED = 10_000  # ended programs remembered (the oldest forgotten first)
 
 @dataclass(frozen=True, slots=True)
 class ProgramOutlook:
-    turns_left: float  # expected turns after this one
+    """The rest of a program as its key prices it. With the conditional mean, `turns_left` is
+    E[N] and the turns are priced as if exactly that many came. A Gittins outlook (`gittins.py`)
+    prices the turns up to a horizon Δ: `turns_left` is E[min(N, Δ)], `turns_left_sq`
+    E[min(N, Δ)²], and `completion` P(N ≤ Δ), the chance the program ends by then; the key is
+    then the expected work to that horizon per unit of that chance."""
+
+    turns_left: float  # expected turns after this one (to the horizon, for a Gittins outlook)
     output_tokens: float  # a turn's reply
     growth_tokens: float  # context a turn adds (its reply and the tool's result)
+    turns_left_sq: float | None = None  # E[turns²] to the horizon; None: turns_left²
+    completion: float = 1.0  # P(the program ends by the horizon); 1: the mean outlook
+
+    def __post_init__(self) -> None:
+        if not 0 < self.completion <= 1:
+            raise ValueError(f"a program outlook's completion chance must be in (0, 1], got {self.completion}")
 
 
 def rest_area_per_iteration(outlook: ProgramOutlook, context_tokens: int) -> float:
-    """The rest of the program's KV token-iterations: its memory × time per second of τ."""
+    """The rest of the program's KV token-iterations: its memory × time per second of τ.
+    Linear in E[n] and E[n²], so the same formula prices a mean and a distribution."""
     n, o, g = outlook.turns_left, outlook.output_tokens, outlook.growth_tokens
     if n <= 0 or o <= 0:
         return 0.0
-    return o * (n * (context_tokens + o / 2) + g * n * (n + 1) / 2)
+    n_sq = n * n if outlook.turns_left_sq is None else outlook.turns_left_sq
+    return o * (n * (context_tokens + o / 2) + g * (n_sq + n) / 2)
 
 
 def expected_turns_left(ended_turns: list[int], turns_so_far: int, prior: float = PRIOR_TURNS_LEFT,
@@ -54,17 +69,37 @@ class ProgramLengths:
 
     limit: int = MAX_ENDED
     _sorted: list[int] = field(default_factory=list)
-    _order: list[int] = field(default_factory=list)
+    _order: deque[int] = field(default_factory=deque)
+    _counts: dict[int, int] = field(default_factory=dict)  # programs that ended, by their turns
+    _left: dict[int, list[tuple[int, float]]] = field(default_factory=dict)  # turns_left_counts, until one ends
 
     def ended(self, turns: int) -> None:
         bisect.insort(self._sorted, turns)
         self._order.append(turns)
+        self._counts[turns] = self._counts.get(turns, 0) + 1
         if len(self._order) > self.limit:
-            oldest = self._order.pop(0)
+            oldest = self._order.popleft()
             del self._sorted[bisect.bisect_left(self._sorted, oldest)]
+            self._counts[oldest] -= 1
+            if not self._counts[oldest]:
+                del self._counts[oldest]
+        self._left.clear()
 
     def turns_left(self, turns_so_far: int) -> float:
         return expected_turns_left(self._sorted, turns_so_far)
+
+    def turns_left_counts(self, turns_so_far: int) -> list[tuple[int, float]]:
+        """The distribution of turns left past `turns_so_far`, as (turns, weight) sorted by turns:
+        the ended programs that got that far, and the prior's weight at its turns
+        (`PRIOR_TURNS_LEFT`, rounded)."""
+        known = self._left.get(turns_so_far)
+        if known is None:
+            counts: dict[int, float] = {round(PRIOR_TURNS_LEFT): PRIOR_WEIGHT}
+            for total, programs in self._counts.items():
+                if total >= turns_so_far:
+                    counts[total - turns_so_far] = counts.get(total - turns_so_far, 0.0) + programs
+            known = self._left[turns_so_far] = sorted(counts.items())
+        return known
 
     def __len__(self) -> int:
         return len(self._sorted)

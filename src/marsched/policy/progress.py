@@ -64,6 +64,9 @@ class RequestProgress:
     attained_iterations: int = 0  # iterations it was scheduled in (Autellix's attained service)
     attained_before_segment: int = 0  # the same, when its current segment began
     program: ProgramOutlook | None = None  # a conversation turn's predicted rest of its program (`program.py`)
+    # The distribution of turns left the program's Gittins rank is taken over, as (turns, weight)
+    # (`gittins.py`); None: `program` is priced as it is.
+    rest_counts: list[tuple[int, float]] | None = None
 
     def __post_init__(self) -> None:
         if not self.context_tokens:

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from marsched.policy.admission import Admission
 from marsched.policy.cost_model import CostModel
+from marsched.policy.program_rest import RestRule
 from marsched.policy.policy import (
     Order, Policy, Protection, StarvationClock, StarvationConfig, StarvationCount, StrategyRule,
 )
@@ -124,6 +125,7 @@ def make_policy(
     starvation: str | object = _DEFAULT,
     admission: Admission | str | object = _DEFAULT,
     prefix_cache: bool = False,
+    rest: RestRule | str = RestRule.PLAN,
 ) -> Policy:
     """Build a named policy.
 
@@ -175,7 +177,16 @@ def make_policy(
         prefix_cache=prefix_cache and name not in NO_PREFIX_CACHE,
         offload=name == "vllm-offload" and prefix_cache,
         ttl=_TTL_RULES[name](cost) if name in _TTL_RULES else None,
+        rest=parse_rest(rest),
     )
+
+
+def parse_rest(rest: RestRule | str) -> RestRule:
+    """A `RestRule` from its name (plan, mean, gittins)."""
+    try:
+        return RestRule(rest)
+    except ValueError:
+        raise ValueError(f"unknown rest rule {rest!r}; valid: {', '.join(r.value for r in RestRule)}") from None
 
 
 def starvation_config(name: str) -> StarvationConfig:

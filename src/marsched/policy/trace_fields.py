@@ -9,6 +9,7 @@ from dataclasses import asdict
 from typing import Any
 
 from marsched.policy.policy import Policy
+from marsched.policy.program import ProgramOutlook
 from marsched.policy.progress import RequestProgress
 from marsched.policy.registry import starvation_variant
 
@@ -34,7 +35,16 @@ def declaration(policy: Policy) -> dict[str, Any]:
         },
         "cost": asdict(policy.cost),
         "terms": asdict(policy.terms),
+        "rest": policy.rest.value,
     }
+
+
+def _program(outlook: ProgramOutlook) -> list[float]:
+    fields = [outlook.turns_left, outlook.output_tokens, outlook.growth_tokens]
+    if outlook.turns_left_sq is not None or outlook.completion != 1.0:
+        fields += [outlook.turns_left ** 2 if outlook.turns_left_sq is None else outlook.turns_left_sq,
+                   outlook.completion]
+    return fields
 
 
 def key_basis(progress: RequestProgress) -> dict[str, Any] | None:
@@ -55,7 +65,8 @@ def key_basis(progress: RequestProgress) -> dict[str, Any] | None:
         "predictions": [[p.output_tokens, p.api_duration_s, p.api_return_tokens, p.has_call]
                         + ([] if p.kept_tokens is None else [p.kept_tokens])
                         for p in progress.predictions[basis.segment_index:]],
-        # A conversation turn's rest of its program: [turns left, reply tokens, growth tokens].
-        **({} if progress.program is None else {"program": [progress.program.turns_left, progress.program.output_tokens,
-                                                            progress.program.growth_tokens]}),
+        # The rest of its program, learnt (a conversation's turns, or a request's segments):
+        # [turns left, reply tokens, growth tokens], and for a Gittins rank E[turns²] and the
+        # chance it ends by the horizon.
+        **({} if progress.program is None else {"program": _program(progress.program)}),
     }

@@ -115,4 +115,8 @@ def parse_api_estimator(spec: str) -> ApiEstimator:
         return OracleApi()
     if spec == "type-mean":
         return TypeMeanApi()
-    raise ValueError(f"unknown API estimator {spec!r}; valid: oracle, type-mean")
+    if spec == "past-mean":
+        from marsched.predict.online import PastMeanApi
+
+        return PastMeanApi()
+    raise ValueError(f"unknown API estimator {spec!r}; valid: past-mean, type-mean, oracle")

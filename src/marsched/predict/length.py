@@ -64,7 +64,9 @@ class NoisyOracleLength:
         return max(1, round(true_length * (1.0 + error)))
 
 
-PREDICTOR_SPECS = "oracle, noisy:SIGMA (e.g. noisy:0.3), type-mean, learned, learned:DIR"
+# The bound: every segment's length, call and the segments still to come, read from the trace.
+FOREKNOWLEDGE = "foreknowledge"
+PREDICTOR_SPECS = "online, foreknowledge (a bound), oracle, noisy:SIGMA (e.g. noisy:0.3), type-mean, learned, learned:DIR"
 
 
 def parse_length_predictor(spec: str, seed: int = 0) -> LengthPredictor:
@@ -76,6 +78,12 @@ def parse_length_predictor(spec: str, seed: int = 0) -> LengthPredictor:
     """
     if spec == "oracle":
         return OracleLength()
+    if spec == FOREKNOWLEDGE:  # with the API oracle and the plan's later segments (`RunSpec.build`)
+        return OracleLength(FOREKNOWLEDGE)
+    if spec == "online":
+        from marsched.predict.online import OnlineLength
+
+        return OnlineLength()
     if spec == "type-mean":
         from marsched.predict.learned import TypeMeanLength
 

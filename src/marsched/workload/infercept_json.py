@@ -71,7 +71,7 @@ import os
 import re
 import warnings
 from collections.abc import Callable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 
 from marsched.workload._checks import (
     DuplicateKey,
@@ -323,4 +323,8 @@ def _build(draft: _Draft, counts: dict[str, int]) -> Request:
                 api_type = api_type_for_duration(api_time)
             api = ApiCall(api_type, api_time, tokens(api_return))
         parts.append((tokens(output), api))
-    return build_request(draft.request_id, tokens(draft.prompt), parts)
+    request = build_request(draft.request_id, tokens(draft.prompt), parts)
+    # Each INFERCEPT request comes from one augmentation's data set, which its prompt shows (a
+    # math question, a chat, a TTS task): the class a server knows before the first call.
+    first_call = next(s.api for s in request.segments if s.api is not None) if request.num_calls else None
+    return replace(request, task_class=first_call.api_type.value if first_call else "")

@@ -109,6 +109,9 @@ class Request:
     # (a template's `arrival_s`).
     conversation: str = ""
     follows: FollowUp | None = None
+    # The request's class as its prompt shows it, before any call (`past.RequestPast`): the
+    # INFERCEPT loader sets the augmentation of the request's data set; "" where a trace says none.
+    task_class: str = field(default="", compare=False)
 
     @property
     def prompt_tokens(self) -> int:
