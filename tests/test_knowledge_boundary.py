@@ -117,3 +117,68 @@ def test_records_name_a_bound_as_one():
     assert (bound["bound"], bound["rest"], bound["predictor"]) == (True, "plan", "foreknowledge+api:oracle")
     oracle_lengths = run_one(RunSpec("mars", 1.0, duration_s=5, predictor="oracle"), templates)
     assert oracle_lengths["bound"]  # the segment's own length, read from the trace
+
+
+def test_a_gittins_key_is_the_least_rank_over_horizons_and_a_mean_key_adds_the_mean_rest():
+    from marsched.policy.gittins import gittins_outlook
+    from marsched.policy.load import EngineLoad
+    from marsched.policy.program import rest_area_per_iteration
+    from marsched.policy.progress import RequestProgress
+
+    load = EngineLoad(0.0, 500, 0.03, 10_000)
+    request = build_request("g", 300, [(50, ApiCall(ApiType.TOOL, 1.0, 40)), (30, None)])
+    keys = {}
+    for rest in ("gittins", "mean"):
+        policy = make_policy("mars", COST, SegmentPredictor(OnlineLength(), PastMeanApi()), rest=rest)
+        for turns in (1,) * 30 + (40,):  # thirty requests of one segment, one of forty
+            policy.program_rest.ended("", build_request("e", 100, [(10, ApiCall(ApiType.TOOL, 1.0, 5))] * (turns - 1)
+                                                        + [(10, None)]).segments)
+        progress = RequestProgress(request, order_s=0.0)
+        policy.start_segment(progress, load)
+        alone = RequestProgress(request, order_s=0.0, predictions=progress.predictions, strategy=progress.strategy)
+        current = policy.queue_key(alone, load)  # no program: the current segment only
+        keys[rest] = policy.queue_key(progress, load)
+        mean = progress.program if rest == "mean" else None
+        if rest == "gittins":
+            counts = policy.program_rest.lengths("").turns_left_counts(1)
+            best = gittins_outlook(counts, current, 300, progress.program.output_tokens,
+                                   progress.program.growth_tokens, load.iteration_s)
+            assert progress.program == best and best.completion < 1
+            expected = (current + load.iteration_s * rest_area_per_iteration(best, 300)) / best.completion
+        else:
+            expected = current + load.iteration_s * rest_area_per_iteration(mean, 300)
+        assert keys[rest] == pytest.approx(expected)
+    assert keys["gittins"] != keys["mean"]
+
+
+def test_the_call_is_expected_when_the_requests_that_ended_make_it_likely_and_the_finish_teaches_it():
+    from marsched.policy.load import EngineLoad
+    from marsched.policy.progress import RequestProgress
+
+    load = EngineLoad(0.0, 0, 0.03, 10_000)
+    policy = make_policy("mars", COST, SegmentPredictor(OnlineLength(), PastMeanApi()), rest="gittins")
+    one_segment = build_request("done", 100, [(10, None)])
+    for _ in range(10):  # ten requests that ended after their first segment
+        policy.observe_finish(RequestProgress(one_segment, order_s=0.0))
+    assert len(policy.program_rest.lengths("")) == 10
+    request = build_request("g", 300, [(50, ApiCall(ApiType.TOOL, 1.0, 40)), (30, None)])
+    progress = RequestProgress(request, order_s=0.0)
+    policy.start_segment(progress, load)
+    assert not progress.predictions[0].has_call  # 10 of 14 (with the prior) ended there
+    assert progress.strategy is not None  # a strategy is fixed all the same, for the call it may make
+    assert not policy.kv_outlook(progress).held_after
+    fresh = make_policy("mars", COST, SegmentPredictor(OnlineLength(), PastMeanApi()), rest="gittins")
+    progress = RequestProgress(request, order_s=0.0)
+    fresh.start_segment(progress, load)
+    assert progress.predictions[0].has_call  # the prior: one more segment
+
+
+def test_first_and_later_segments_are_predicted_apart():
+    length = OnlineLength()
+    first = RequestPast("x", "", 100, 100, ())
+    later = RequestPast.of(build_request("z", 100, [(30, ApiCall(ApiType.TOOL, 0.1, 5)), (10, None)]), 1)
+    for _ in range(3):
+        length.observe_output(first, 10)
+        length.observe_output(later, 200)
+    assert length.predict_past(first) == 10
+    assert length.predict_past(later) == round((30 + 200) / 2)

@@ -58,7 +58,7 @@ class ProgramRest:
 
     def ended(self, task_class: str, segments: Sequence[Segment]) -> None:
         """A request of `task_class` ended after `segments` (all of them in its past now)."""
-        for key in (task_class, ""):  # its class, and every class (for a class not seen yet)
+        for key in dict.fromkeys((task_class, "")):  # its class, and every class (for a class not seen yet)
             self._lengths.setdefault(key, ProgramLengths()).ended(len(segments))
             replies, growth = self._replies.setdefault(key, _Mean()), self._growth.setdefault(key, _Mean())
             for before, after in zip(segments, segments[1:]):
