@@ -8,6 +8,8 @@ it for, and for a callable the parameter names we pass or override). Gathered fr
 attribute is found where the class's own code assigns `self.<name>`), checks the parameter
 names with `inspect.signature`, checks that each method our classes in `OVERRIDES` define over
 a vLLM base is listed here, and that docs/vllm-internals.md shows this same list.
+`marsched.vllm.source_names` checks the list against another release's source, read from its
+wheel without installing it (`tests/test_vllm_source_names.py`: vLLM 0.33.0).
 
 This module imports nothing from vLLM: it is data.
 """
