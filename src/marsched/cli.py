@@ -19,6 +19,7 @@ from marsched.cli_checks import (
 )
 from marsched.cli_output import console, print_results, progress, trace_warnings_once
 from marsched.policy import Admission
+from marsched.bench.options import named
 from marsched.policy.program_rest import DEFAULT_REST
 from marsched.policy.registry import POLICY_NAMES, STARVATION_NAMES, STARVATION_VARIANTS, parse_rest
 from marsched.predict.online import DEFAULT_API_ESTIMATOR, DEFAULT_PREDICTOR
@@ -158,7 +159,7 @@ def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float
         refresh_interval=refresh_interval, duration=duration))
     checked(lambda: check_positive("--token-scale", token_scale))
     checked(lambda: check_positive("--kv-scale", kv_scale))
-    checked(lambda: parse_rest(rest))
+    checked(lambda: named("--rest", rest, lambda: parse_rest(rest)))
     return RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold, refresh_interval,
                    trace_out, strict=strict, starvation=starvation, admission=admission, token_scale=token_scale,
                    replicas=replicas, routing=routing, prefix_cache=prefix_cache, arrivals=arrivals, warmup_s=warmup,
