@@ -54,6 +54,7 @@ def test_simulate_writes_an_event_trace(tmp_path):
     ("--policy", "fifo", "valid: vllm, vllm-v0, vllm-offload, infercept, infercept-code, sjf, preserve, discard, swap, mars, continuum, continuum-public, autellix"),
     ("--profile", "h100", "valid: gptj-6b-a100, llama3-70b-4xh100, llama3-8b-h100, vicuna-13b-2xa100"),
     ("--predictor", "magic", "valid: online, foreknowledge (a bound), oracle, noisy:SIGMA"),
+    ("--rest", "magic", "--rest magic: unknown rest rule 'magic'; valid: plan, mean, gittins"),
     ("--starvation-threshold", "-3", "positive number or 'off'"),
 ])
 def test_unknown_names_list_the_valid_ones(tmp_path, option, value, expected):
