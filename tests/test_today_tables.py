@@ -30,6 +30,10 @@ def test_a_sets_table_has_every_policy_and_mars_over_the_best_other_by_each_metr
     assert "| mars ÷ best other, mean | 0.50 (infercept) | 0.75 (infercept) |" in lines
     assert "| mars ÷ best other, p99 | 1.10 (infercept) | 1.20 (vllm) |" in lines
     assert lines[-1] == "Longest queue wait under mars: 62 s; requests unserved in all runs: 1."
+    with_bound = set_table(s, records, [rec("mars", 1, 5.0, 70.0)]).splitlines()
+    assert "| bound: mars told the future | 5.0 / 70, 1 | – |" in with_bound
+    assert "| bound ÷ best other, mean | 0.25 | – |" in with_bound
+    assert not any(line.startswith("| bound") for line in lines)
 
 
 def test_it_names_an_unknown_set_and_a_missing_run(tmp_path, monkeypatch, capsys):

@@ -29,7 +29,8 @@ marsched compare --trace agent --profile llama3-8b-h100 --policies $P --qps 0.4,
   --json results/today/agent-llama3-8b-h100.json
 marsched compare --trace agent --profile llama3-70b-4xh100 --policies $P --qps 0.2,0.8,1.6,2.4 --duration 600 --seed 0 \
   --json results/today/agent-llama3-70b-4xh100.json
-# MARS with noisy length predictions (each off by a lognormal factor, sigma 0.6), same loads.
+# MARS with noisy length predictions (each off by a lognormal factor, sigma 0.6; a bound, as they start
+# from the true length), same loads.
 N="--policies mars --predictor noisy:0.6 --duration 600 --seed 0"
 marsched compare --trace claude-code --profile llama3-8b-h100 --token-scale 0.14 $N --qps 0.25,0.5,1,2,4 \
   --json results/today/noisy/claude-code-llama3-8b-h100.json
@@ -44,6 +45,21 @@ marsched compare --trace single --profile llama3-8b-h100 $N --qps 16,32,48,64 --
 marsched compare --trace single --profile llama3-70b-4xh100 $N --qps 8,16,24,32 --json results/today/noisy/single-llama3-70b-4xh100.json
 marsched compare --trace agent --profile llama3-8b-h100 $N --qps 0.4,1.6,3.2,6.4 --json results/today/noisy/agent-llama3-8b-h100.json
 marsched compare --trace agent --profile llama3-70b-4xh100 $N --qps 0.2,0.8,1.6,2.4 --json results/today/noisy/agent-llama3-70b-4xh100.json
+# MARS told the future (a bound: every length, call and later segment read from the trace), same loads.
+B="--policies mars --predictor foreknowledge --duration 600 --seed 0"
+marsched compare --trace claude-code --profile llama3-8b-h100 --token-scale 0.14 $B --qps 0.25,0.5,1,2,4 \
+  --json results/today/bound/claude-code-llama3-8b-h100.json
+marsched compare --trace claude-code --profile llama3-70b-4xh100 --token-scale 0.14 $B --qps 0.125,0.25,0.5,1,2 \
+  --json results/today/bound/claude-code-llama3-70b-4xh100.json
+marsched compare --trace multi --profile gptj-6b-a100 $B --qps 3,4,5,6 --json results/today/bound/multi-gptj-6b-a100.json
+marsched compare --trace single --profile gptj-6b-a100 $B --qps 3,4,5,6 --json results/today/bound/single-gptj-6b-a100.json
+marsched compare --trace agent --profile gptj-6b-a100 $B --qps 0.1,0.2,0.4 --json results/today/bound/agent-gptj-6b-a100.json
+marsched compare --trace multi --profile llama3-8b-h100 $B --qps 8,16,32,48 --json results/today/bound/multi-llama3-8b-h100.json
+marsched compare --trace multi --profile llama3-70b-4xh100 $B --qps 4,8,16,24 --json results/today/bound/multi-llama3-70b-4xh100.json
+marsched compare --trace single --profile llama3-8b-h100 $B --qps 16,32,48,64 --json results/today/bound/single-llama3-8b-h100.json
+marsched compare --trace single --profile llama3-70b-4xh100 $B --qps 8,16,24,32 --json results/today/bound/single-llama3-70b-4xh100.json
+marsched compare --trace agent --profile llama3-8b-h100 $B --qps 0.4,1.6,3.2,6.4 --json results/today/bound/agent-llama3-8b-h100.json
+marsched compare --trace agent --profile llama3-70b-4xh100 $B --qps 0.2,0.8,1.6,2.4 --json results/today/bound/agent-llama3-70b-4xh100.json
 # MARS's starvation settings on every set above (docs/results.md, "The trade-off"): the runs, then
 # the table and results/today/frontier/frontier.png.
 python -m marsched.experiments.today_frontier run

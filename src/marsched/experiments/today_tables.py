@@ -21,8 +21,9 @@ def cell(r: dict) -> str:
     return f"{r['e2e_mean_s']:.1f} / {r['e2e_p99_s']:.0f}, {r['ttft_mean_s']:.2g}"
 
 
-def set_table(s: TodaySet, records: list[dict]) -> str:
-    """The set's table, its longest queue wait under MARS and the requests no run finished."""
+def set_table(s: TodaySet, records: list[dict], bound: list[dict] | None = None) -> str:
+    """The set's table, its longest queue wait under MARS and the requests no run finished. With
+    `bound` (MARS told the future, results/today/bound/), a row for it and its ratio, named a bound."""
     at = {(r["policy"], r["qps"]): r for r in records}
     scale = f", tokens × {s.token_scale:g}" if s.token_scale != 1 else ""
     lines = [f"**{s.trace}, {s.profile}**{scale}: e2e mean / p99 (s), TTFT mean (s)", "",
@@ -37,6 +38,13 @@ def set_table(s: TodaySet, records: list[dict]) -> str:
             best = best_other(others, q, metric)
             ratios.append(f"{at['mars', q][metric] / best[metric]:.2f} ({best['policy']})")
         lines.append(f"| mars ÷ best other, {name} | " + " | ".join(ratios) + " |")
+    if bound:
+        told = {r["qps"]: r for r in bound}
+        lines.append("| bound: mars told the future | " + " | ".join(cell(told[q]) if q in told else "–" for q in s.loads)
+                     + " |")
+        lines.append("| bound ÷ best other, mean | " + " | ".join(
+            f"{told[q]['e2e_mean_s'] / best_other(others, q, 'e2e_mean_s')['e2e_mean_s']:.2f}" if q in told else "–"
+            for q in s.loads) + " |")
     wait = max(at["mars", q]["max_queue_wait_s"] for q in s.loads)
     unserved = sum(r["num_requests"] - r["num_finished"] for r in records)
     lines += ["", f"Longest queue wait under mars: {wait:.0f} s; requests unserved in all runs: {unserved}."]
@@ -57,7 +65,9 @@ def main(argv: list[str]) -> int:
         path = ROOT / f"{s.name}.json"
         try:
             records = json.loads(path.read_text())
-            print(set_table(s, records) + "\n")
+            bound_path = ROOT / "bound" / f"{s.name}.json"
+            bound = json.loads(bound_path.read_text()) if bound_path.exists() else None
+            print(set_table(s, records, bound) + "\n")
         except (OSError, ValueError, KeyError) as e:
             print(f"today_tables: {path}: {type(e).__name__}: {e} (rerun its line of results/today/commands.sh)",
                   file=sys.stderr)
