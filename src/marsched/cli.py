@@ -20,6 +20,7 @@ from marsched.cli_checks import (
 from marsched.cli_output import console, print_results, progress, trace_warnings_once
 from marsched.policy import Admission
 from marsched.bench.options import named
+from marsched.policy.boost import DEFAULT_BOOST_GAMMA
 from marsched.policy.program_rest import DEFAULT_REST
 from marsched.policy.registry import POLICY_NAMES, STARVATION_NAMES, STARVATION_VARIANTS, parse_rest
 from marsched.predict.online import DEFAULT_API_ESTIMATOR, DEFAULT_PREDICTOR
@@ -101,6 +102,8 @@ SeedOpt = Annotated[int, typer.Option(help="Seed for arrivals and noisy predicti
 PredictorOpt = Annotated[str, typer.Option(
     help="Output-length predictor: oracle, noisy:SIGMA, type-mean, learned or learned:HEAD (marsched list).")]
 ApiOpt = Annotated[str, typer.Option("--api-estimator", help="API-duration estimate: past-mean, type-mean or oracle.")]
+BoostOpt = Annotated[float, typer.Option(
+    help="γ of mars-boost's order, per second of device time: small ranks by size, large first come first served.")]
 RestOpt = Annotated[str, typer.Option(
     help="What the key knows past a request's current segment: gittins or mean (learnt from the requests "
          "that ended), or plan (the trace's, a bound).")]
@@ -151,7 +154,8 @@ def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float
               api_estimator: str, starvation_threshold: str, starvation: str, admission: str, refresh_interval: int,
               strict: bool, trace_out: str | None = None, token_scale: float = 1.0, replicas: int = 1,
               routing: str = "least-loaded", prefix_cache: bool = True, arrivals: str = "poisson",
-              warmup: float = 0.0, kv_scale: float = 1.0, rest: str = DEFAULT_REST) -> RunSpec:
+              warmup: float = 0.0, kv_scale: float = 1.0, rest: str = DEFAULT_REST,
+              boost_gamma: float = DEFAULT_BOOST_GAMMA) -> RunSpec:
     """The run the shared options of simulate and compare describe, each option checked on its own."""
     threshold = checked(lambda: check_run_options(
         profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
@@ -160,10 +164,11 @@ def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float
     checked(lambda: check_positive("--token-scale", token_scale))
     checked(lambda: check_positive("--kv-scale", kv_scale))
     checked(lambda: named("--rest", rest, lambda: parse_rest(rest)))
+    checked(lambda: check_positive("--boost-gamma", boost_gamma))
     return RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold, refresh_interval,
                    trace_out, strict=strict, starvation=starvation, admission=admission, token_scale=token_scale,
                    replicas=replicas, routing=routing, prefix_cache=prefix_cache, arrivals=arrivals, warmup_s=warmup,
-                   kv_scale=kv_scale, rest=rest)
+                   kv_scale=kv_scale, rest=rest, boost_gamma=boost_gamma)
 
 
 @app.command()
@@ -177,6 +182,7 @@ def simulate(
     predictor: PredictorOpt = DEFAULT_PREDICTOR,
     api_estimator: ApiOpt = DEFAULT_API_ESTIMATOR,
     rest: RestOpt = DEFAULT_REST,
+    boost_gamma: BoostOpt = DEFAULT_BOOST_GAMMA,
     starvation_threshold: StarvationOpt = "default",
     starvation: VariantOpt = "default",
     admission: AdmissionOpt = "default",
@@ -197,7 +203,7 @@ def simulate(
     checked(lambda: check_positive("--qps", qps))
     spec = _run_spec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, starvation_threshold,
                      starvation, admission, refresh_interval, strict, str(trace_out) if trace_out else None,
-                     token_scale, replicas, routing, prefix_cache, arrivals, warmup, kv_scale, rest)
+                     token_scale, replicas, routing, prefix_cache, arrivals, warmup, kv_scale, rest, boost_gamma)
     check_outputs(json_path=json_path, trace_out=trace_out)
     checked(spec.build)  # what is left: combinations of options
     with trace_warnings_once():
@@ -230,6 +236,7 @@ def compare(
     predictor: PredictorOpt = DEFAULT_PREDICTOR,
     api_estimator: ApiOpt = DEFAULT_API_ESTIMATOR,
     rest: RestOpt = DEFAULT_REST,
+    boost_gamma: BoostOpt = DEFAULT_BOOST_GAMMA,
     starvation_threshold: StarvationOpt = "default",
     starvation: VariantOpt = "default",
     admission: AdmissionOpt = "default",
@@ -258,7 +265,7 @@ def compare(
     base = _run_spec(names[0], rates[0], trace, profile, duration, seed, predictor, api_estimator,
                      starvation_threshold, starvation, admission, refresh_interval, strict, token_scale=token_scale,
                      replicas=replicas, routing=routing, prefix_cache=prefix_cache, arrivals=arrivals,
-                     warmup=warmup, kv_scale=kv_scale, rest=rest)
+                     warmup=warmup, kv_scale=kv_scale, rest=rest, boost_gamma=boost_gamma)
     check_outputs(json_path=json_path, plot=plot)
     specs = grid(base, names, rates)
     for spec in specs:

@@ -55,8 +55,8 @@ def trace_warnings_once() -> Iterator[None]:
 # --- the results table -----------------------------------------------------------------------
 
 _COLUMNS = ("qps", "policy", "e2e mean", "e2e p50", "e2e p99", "ttft mean", "ttft p99",
-            "× isolated", "max wait", "preempt", "strategies", "finished")
-_LATENCY = _COLUMNS[:8]
+            "× isolated", "slowdown p99", "max wait", "preempt", "strategies", "finished")
+_LATENCY = _COLUMNS[:9]
 _LEFT = ("policy", "strategies")
 
 
@@ -70,6 +70,7 @@ def _cells(r: dict) -> dict[str, str]:
         "qps": f"{r['qps']:g}", "policy": r["policy"], "e2e mean": f"{r['e2e_mean_s']:.2f}",
         "e2e p50": f"{r['e2e_p50_s']:.2f}", "e2e p99": f"{r['e2e_p99_s']:.2f}", "ttft mean": f"{r['ttft_mean_s']:.3f}",
         "ttft p99": f"{r['ttft_p99_s']:.3f}", "× isolated": f"{r['e2e_mean_s'] / r['isolated_e2e_mean_s']:.3f}",
+        "slowdown p99": f"{r['slowdown_p99']:.1f}" if "slowdown_p99" in r else "–",
         "max wait": f"{r['max_queue_wait_s']:.1f}", "preempt": str(r["preemptions"]),
         "strategies": strategy_cells(r["strategy_counts"]), "finished": f"{r['num_finished']}/{r.get('num_measured', r['num_requests'])}",
     }

@@ -11,6 +11,7 @@ from dataclasses import dataclass, replace
 from marsched.metrics.records import summarize
 from marsched.metrics.trace import EventTrace, TraceFile
 from marsched.policy.policy import Policy
+from marsched.policy.boost import DEFAULT_BOOST_GAMMA
 from marsched.policy.program_rest import DEFAULT_REST, RestRule
 from marsched.policy.registry import make_policy, starvation_variant
 from marsched.predict.api_duration import parse_api_estimator
@@ -65,6 +66,7 @@ class RunSpec:
     # What the key knows past a request's current segment (`policy/program_rest.py`); the
     # `foreknowledge` predictor reads the plan instead (a bound).
     rest: str = DEFAULT_REST
+    boost_gamma: float = DEFAULT_BOOST_GAMMA  # γ of mars-boost's order, per device second (`policy/boost.py`)
 
     def build(self):
         """Profile and policy for this spec; raises ValueError naming what is wrong."""
@@ -93,7 +95,8 @@ class RunSpec:
         if self.admission != _DEFAULT:
             extra["admission"] = self.admission
         policy = make_policy(self.policy, profile.cost, predictor, refresh_interval=self.refresh_interval,
-                             prefix_cache=self.prefix_cache, rest=RestRule.PLAN if bound else self.rest, **extra)
+                             prefix_cache=self.prefix_cache, rest=RestRule.PLAN if bound else self.rest,
+                             boost_gamma=self.boost_gamma, **extra)
         return profile, policy
 
 
@@ -172,6 +175,7 @@ def policy_fields(policy: Policy) -> dict:
     return {
         "predictor": policy.predictor.name,
         "rest": policy.rest.value,
+        **({} if policy.boost_gamma is None else {"boost_gamma": policy.boost_gamma}),
         # Whether the run read what a server cannot know (a segment's own length or call, or the
         # segments to come): then it is a bound, never MARS's number.
         "bound": policy.knows_future or not policy.predictor.knowable,

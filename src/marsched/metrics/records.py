@@ -67,10 +67,29 @@ def summarize(records: list[RequestRecord]) -> dict[str, float | int | dict[str,
         "preemptions": sum(r.preemptions for r in records),
         "strategy_counts": dict(sorted(strategy_counts.items())),
         "isolated_e2e_mean_s": float(np.mean([r.isolated_e2e_s for r in records])),
+        **slowdowns(e2e, np.array([r.isolated_e2e_s for r in records])),
         # The distributions, as the 0th to 100th percentiles: what `marsched plot --metrics` draws CDFs from.
         "e2e_cdf_s": _cdf(e2e),
         "ttft_cdf_s": _cdf(ttft),
     }
+
+
+# Size buckets for the mean slowdown, by a request's isolated latency (its size alone on the
+# engine): the smaller half, the next 40%, the next 9%, the largest 1%.
+SIZE_BUCKETS = ((0, 50), (50, 90), (90, 99), (99, 100))
+
+
+def slowdowns(e2e: np.ndarray, isolated: np.ndarray) -> dict[str, float | dict[str, float]]:
+    """Slowdown (e2e ÷ isolated latency: what the scheduler did to each request, whatever its
+    size) as mean, p99 and max, and its mean per size bucket (`SIZE_BUCKETS`)."""
+    slowdown = e2e / np.maximum(isolated, 1e-12)
+    order = np.argsort(isolated, kind="stable")
+    by_size = {}
+    for low, high in SIZE_BUCKETS:
+        chosen = order[int(len(order) * low / 100):max(int(len(order) * high / 100), int(len(order) * low / 100) + 1)]
+        by_size[f"p{low}-{high}"] = float(slowdown[chosen].mean())
+    return {"slowdown_mean": float(slowdown.mean()), "slowdown_p99": _percentile(slowdown, 99),
+            "slowdown_max": float(slowdown.max()), "slowdown_mean_by_size": by_size}
 
 
 def _cdf(values: np.ndarray) -> list[float]:

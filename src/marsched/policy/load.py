@@ -9,3 +9,4 @@ class EngineLoad:
     running_kv_tokens: int  # K: KV tokens held by the running batch
     iteration_s: float  # the engine's current time per iteration (τ)
     host_free_tokens: int  # room left in host memory for swapped KV
+    kv_capacity_tokens: int = 0  # the device's KV capacity (0: not given; the Boost order needs it)

@@ -16,6 +16,7 @@ from marsched.policy.cost_model import CostModel
 from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.ranking import KeyForm, RankingTerms, SegmentOutlook, remaining_area_form
+from marsched.policy.boost import boost_key
 from marsched.policy.gittins import gittins_outlook
 from marsched.policy.plas import plas_key
 from marsched.policy.program import rest_area_per_iteration
@@ -34,6 +35,8 @@ class Order(str, Enum):
     FCFS = "fcfs"  # by original arrival, kept across calls
     FCFS_REENTRY = "fcfs-reentry"  # by the last time the request entered the queue (stock vLLM)
     MEMORY_TIME = "memory-time"  # MARS: predicted memory × time of the remaining life
+    # MARS's key as a size in device seconds, boosted ahead of the arrival order (`boost.py`)
+    BOOST = "boost"
     REMAINING_TOKENS = "remaining-tokens"  # SJF: predicted tokens still to generate
     LEAST_ATTAINED = "least-attained"  # Autellix's PLAS: the program's attained service, in levels (`plas.py`)
 
@@ -154,6 +157,7 @@ class Policy:
     # What the key knows of a request past its current segment (`program_rest.py`): PLAN reads the
     # trace's later segments (a bound); MEAN and GITTINS learn it from the requests that ended.
     rest: RestRule = RestRule.PLAN
+    boost_gamma: float | None = None  # γ of the BOOST order, per second (`boost.py`)
     program_rest: ProgramRest = field(default_factory=ProgramRest, compare=False, repr=False)
     # Tfwd by token count, for the cost it was computed with: a MARS key asks it for every later
     # call at every push, of the same few contexts.
@@ -169,6 +173,10 @@ class Policy:
             raise ValueError("host offloading serves prefix hits: it needs the prefix cache")
         if (self.rule is StrategyRule.TTL) != (self.ttl is not None):
             raise ValueError("a TTL estimator goes with the TTL rule, and only with it")
+        if (self.order is Order.BOOST) != (self.boost_gamma is not None):
+            raise ValueError("a boost γ goes with the BOOST order, and only with it")
+        if self.boost_gamma is not None and not (self.boost_gamma > 0 and math.isfinite(self.boost_gamma)):
+            raise ValueError(f"boost γ must be a number > 0, got {self.boost_gamma}")
 
     # --- strategies -------------------------------------------------------------------
 
@@ -189,7 +197,7 @@ class Policy:
     @property
     def keys_follow_load(self) -> bool:
         """Whether queue keys change with the engine's load, so that they need refreshing."""
-        return self.order is Order.MEMORY_TIME
+        return self.order in (Order.MEMORY_TIME, Order.BOOST)
 
     @property
     def knows_future(self) -> bool:
@@ -421,6 +429,8 @@ class Policy:
         request's progress does not change (and, if it follows the running KV, the load)."""
         if self.order is Order.MEMORY_TIME:
             return self.memory_time_form(progress, load)
+        if self.order is Order.BOOST:
+            return self.boost_form(progress, load)
         if self.order is Order.REMAINING_TOKENS:
             return KeyForm(0.0, float(self.remaining_tokens(progress)))
         if self.order is Order.LEAST_ATTAINED:
@@ -460,6 +470,16 @@ class Policy:
         if chance == 1.0:
             return replace(form, per_iteration_s=form.per_iteration_s + rest)
         return replace(form, per_iteration_s=(form.per_iteration_s + rest) / chance, fixed=form.fixed / chance)
+
+    def boost_form(self, progress: RequestProgress, load: EngineLoad) -> KeyForm:
+        """The Boost rank from MARS's key at the τ now (a constant until the queue rebuilds it: a
+        boost moves little with τ), valid over the same range of running KV."""
+        if load.kv_capacity_tokens <= 0:
+            raise ValueError("the boost order needs the engine's KV capacity (EngineLoad.kv_capacity_tokens)")
+        form = self.memory_time_form(progress, load)
+        size_s = form.at(load.iteration_s) / load.kv_capacity_tokens
+        return KeyForm(0.0, boost_key(progress.order_s, size_s, self.boost_gamma), form.follows_running_kv,
+                       form.running_kv_from, form.running_kv_below)
 
     def _later_strategies_follow_load(self, progress: RequestProgress) -> bool:
         """Whether `outlook` picks a later call's strategy by waste (which weighs the running KV)."""

@@ -7,6 +7,7 @@ from dataclasses import replace
 
 from marsched.policy.admission import Admission
 from marsched.policy.cost_model import CostModel
+from marsched.policy.boost import DEFAULT_BOOST_GAMMA
 from marsched.policy.program_rest import RestRule
 from marsched.policy.policy import (
     Order, Policy, Protection, StarvationClock, StarvationConfig, StarvationCount, StrategyRule,
@@ -30,6 +31,8 @@ _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
     "discard": (Order.FCFS, StrategyRule.FIXED, Strategy.DISCARD, False),
     "swap": (Order.FCFS, StrategyRule.FIXED, Strategy.SWAP, False),
     "mars": (Order.MEMORY_TIME, StrategyRule.AHEAD, None, True),
+    # MARS with γ-Boost for the order (`boost.py`): overtaking bounded, no promotions needed.
+    "mars-boost": (Order.BOOST, StrategyRule.AHEAD, None, True),
     # Continuum (arXiv 2511.02230): program-level FCFS (a request's calls keep its arrival), a pin
     # for a time-to-live after each call (`ttl.py`), pins given up under memory pressure.
     "continuum": (Order.FCFS, StrategyRule.TTL, None, False),
@@ -39,7 +42,7 @@ _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
     "autellix": (Order.LEAST_ATTAINED, StrategyRule.END_AT_CALL, None, False),
 }
 # Policies whose starvation rule is not MARS's and not off by default.
-_OWN_STARVATION = {"autellix": "autellix"}
+_OWN_STARVATION = {"autellix": "autellix", "mars-boost": "off"}
 # The TTL each Continuum variant pins for: the paper's rule, or the authors' public 2 s rule.
 _TTL_RULES = {
     "continuum": lambda cost: PaperTtl(cost.recompute_time),
@@ -56,7 +59,7 @@ NO_PREFIX_CACHE: frozenset[str] = frozenset({"vllm-v0", "infercept-code"})
 # service, only the simulator keeps) are modelled here only.
 _ON_VLLM_INSTEAD: dict[str, str | None] = {
     "infercept-code": "infercept", "vllm-v0": "vllm", "vllm-offload": "vllm",
-    "continuum": None, "continuum-public": None, "autellix": None,
+    "continuum": None, "continuum-public": None, "autellix": None, "mars-boost": None,
 }
 SIMULATOR_ONLY: frozenset[str] = frozenset(_ON_VLLM_INSTEAD)
 
@@ -126,6 +129,7 @@ def make_policy(
     admission: Admission | str | object = _DEFAULT,
     prefix_cache: bool = False,
     rest: RestRule | str = RestRule.PLAN,
+    boost_gamma: float = DEFAULT_BOOST_GAMMA,
 ) -> Policy:
     """Build a named policy.
 
@@ -178,6 +182,7 @@ def make_policy(
         offload=name == "vllm-offload" and prefix_cache,
         ttl=_TTL_RULES[name](cost) if name in _TTL_RULES else None,
         rest=parse_rest(rest),
+        boost_gamma=boost_gamma if order is Order.BOOST else None,
     )
 
 

@@ -166,6 +166,7 @@ class Simulator(PrefixReuse, IterationRun):
             running_kv_tokens=sum(r.progress.computed_tokens for r in self.running),
             iteration_s=self.tau.seconds,
             host_free_tokens=self.host.free * self.block_tokens,
+            kv_capacity_tokens=self.device.capacity * self.block_tokens,
         )
 
     # --- what the lifecycle driver asks of the engine (`lifecycle.EngineSide`) ----------
