@@ -143,14 +143,15 @@ class CallLifecycle:
 
     # --- a request's life -------------------------------------------------------------
 
-    def arrived(self, handle: Any, arrival_s: float, prompt_tokens: int) -> None:
+    def arrived(self, handle: Any, arrival_s: float, prompt_tokens: int, **program: Any) -> None:
         """Taken in at the iteration boundary (`t`); `arrival_s` is when it arrived. The engine
-        then starts its first segment (`start_segment`)."""
+        then starts its first segment (`start_segment`). `program`: the engine's fields naming the
+        program the request is a turn of (vLLM: `program`, `identity`), for the trace."""
         progress = handle.progress
         # A turn of a program (marsched.vllm.programs) starts with the wait its program carried.
         carried = self.policy.starvation.carried(progress)
         extra = {"carried": carried} if carried else {}
-        self.emit("arrive", handle, arrival_s=arrival_s, prompt_tokens=prompt_tokens, **extra)
+        self.emit("arrive", handle, arrival_s=arrival_s, prompt_tokens=prompt_tokens, **program, **extra)
 
     def start_segment(self, handle: Any, queue: str, source: str = "plan") -> None:
         """A segment becomes current (arrival, call return): predict, and fix the strategy if the

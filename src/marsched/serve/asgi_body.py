@@ -5,6 +5,9 @@ from __future__ import annotations
 from typing import Any
 
 COMPLETION_PATHS = ("/v1/completions", "/v1/chat/completions")  # the OpenAI endpoints that generate
+RESPONSES_PATH = "/v1/responses"  # OpenAI's Responses API (Codex)
+MESSAGES_PATH = "/v1/messages"  # Anthropic's Messages API (Claude Code)
+GENERATE_PATHS = COMPLETION_PATHS + (RESPONSES_PATH, MESSAGES_PATH)  # every endpoint vLLM serves that generates
 
 
 async def read_body(receive: Any) -> bytes | None:

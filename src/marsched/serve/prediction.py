@@ -2,15 +2,19 @@
 learned predictor (on by default when the `predict` extra is installed).
 
 An ASGI middleware (`--middleware marsched.serve.prediction.PredictionMiddleware`; the head in
-`$MARSCHED_PREDICTOR`, `learned` or `learned:DIR`) reads each `POST /v1/completions` and
-`/v1/chat/completions` body before vLLM does:
+`$MARSCHED_PREDICTOR`, `learned` or `learned:DIR`) reads each `POST /v1/completions`,
+`/v1/chat/completions`, `/v1/responses` and `/v1/messages` body before vLLM does:
 
-- the program fields other clients send are read as marsched's own (`program_fields.py`);
+- the program fields other clients and routers send are read as marsched's own (`program_fields.py`:
+  `prompt_cache_key`, `X-Session-ID`, the router's `agentic_context`, Continuum's `job_id`);
 - unless the request states `predicted` (or the router's `expected_output_length`), the learned
   model predicts the reply's length from the newest turn's text, the context's size and the
-  conversation's previous reply (`turn_text.py`), capped at the request's `max_tokens`;
-- such a request gets a `rid`, unless it has one, which the client can look up in
-  `/marsched/state?request_id=` (the response header `x-marsched-request-id`).
+  conversation's previous reply (`turn_text.py`), capped at the request's `max_tokens`
+  (completions and chat only);
+- every request gets a `rid`, unless it has one, which the client can look up in
+  `/marsched/state?request_id=` (the response header `x-marsched-request-id`), and by which the
+  API server tells the scheduler about it: its predicted length, the tools its reply called
+  (`tool_gaps.py`).
 
 The request does not wait for its number: it goes on to vLLM at once, and the number follows it
 to the scheduler on vLLM's abort path, keyed by the `rid` (`marsched.vllm.told_predictions`),
@@ -46,9 +50,9 @@ from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from typing import Any
 
-from marsched.serve.asgi_body import COMPLETION_PATHS, post_body, replay_body
+from marsched.serve.asgi_body import COMPLETION_PATHS, GENERATE_PATHS, post_body, replay_body
 from marsched.serve.prediction_stats import PredictionStats, publish
-from marsched.serve.program_fields import AliasError, alias_fields, merged_xargs, own_fields
+from marsched.serve.program_fields import AliasError, alias_fields, client_fields, merged_xargs, own_fields
 from marsched.serve.tool_fields import tools_error
 from marsched.serve.turn_text import TurnText, chat_turn, completion_turn
 from marsched.vllm.told_predictions import send_prediction
@@ -284,7 +288,7 @@ class PredictionMiddleware:
                         "batched up to %d", self.predictions.describe, MAX_BATCH)
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        raw = await post_body(self.app, scope, receive, send, PATHS)
+        raw = await post_body(self.app, scope, receive, send, GENERATE_PATHS)
         if raw is None:
             return
         try:
@@ -306,17 +310,19 @@ class PredictionMiddleware:
         except AliasError as error:
             await _bad_request(send, str(error), error.field)
             return
-        conversation = own.get("conversation", aliases.get("conversation"))
+        clients = client_fields(body, scope.get("headers", ()))
+        conversation = own.get("conversation", aliases.get("conversation", clients.get("conversation")))
         conversation = conversation if isinstance(conversation, str) else None
         extra: dict[str, Any] = {}
         read = None
         started = time.perf_counter()
-        if self.predictions is not None and "predicted" not in own and "predicted" not in aliases:
+        if (self.predictions is not None and "predicted" not in own and "predicted" not in aliases
+                and scope["path"] in PATHS):
             read = self.predictions.features(body, scope["path"].endswith("chat/completions"), conversation)
-        if (read is not None or aliases) and "rid" not in own:  # a name to look the request up by
+        if "rid" not in own:  # a name to tell the scheduler about the request by (its length, its reply's tools)
             extra["rid"] = f"mars-{uuid.uuid4().hex}"
         try:
-            new_xargs = merged_xargs(xargs, extra)
+            new_xargs = merged_xargs(xargs, extra, clients)
         except AliasError as error:  # pragma: no cover - alias_fields raised it already
             await _bad_request(send, str(error), error.field)
             return

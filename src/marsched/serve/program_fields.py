@@ -9,6 +9,14 @@
 - Continuum (michiLXY03/vllm-continuum-plugin, README "Request metadata"): `vllm_xargs.job_id`
   (-> `conversation`) and `vllm_xargs.is_last_step` (1 -> `retain: false`).
 
+- Clients: OpenAI's `prompt_cache_key` (a top-level field of chat completions and Responses; Codex
+  sends its conversation's id there) and the `X-Session-ID` header (-> `conversation`), below
+  every `vllm_xargs` field (`client_fields`). An id the metadata would refuse (over
+  MAX_CONVERSATION_CHARS characters, or with a `/`) becomes `key-` and a hash of it.
+
+A request that sends none of these is still recognised as a conversation's turn, from its prompt,
+in the engine core (`marsched.vllm.follow_ups`).
+
 A field marsched's own object (`vllm_xargs.marsched`) already sets wins over its alias. A
 malformed alias is an `AliasError` naming it; `marsched.vllm.metadata.parse` checks the merged
 fields as it checks every request's.
@@ -16,6 +24,7 @@ fields as it checks every request's.
 
 from __future__ import annotations
 
+import hashlib
 import json
 import math
 from typing import Any
@@ -23,6 +32,8 @@ from typing import Any
 from marsched.vllm.metadata import KEY, MAX_API_S, MAX_CONVERSATION_CHARS, MAX_TOKENS
 
 ROUTER_KEY = "agentic_context"
+CACHE_KEY = "prompt_cache_key"
+SESSION_HEADER = b"x-session-id"
 
 
 class AliasError(ValueError):
@@ -61,15 +72,32 @@ def alias_fields(xargs: dict[str, Any]) -> dict[str, Any]:
     return fields
 
 
-def merged_xargs(xargs: dict[str, Any], extra: dict[str, Any] | None = None) -> dict[str, Any] | None:
-    """`xargs` with the aliases' fields and `extra` (a prediction) in its marsched object, under
-    the fields it sets itself, and the router's object taken out; None if nothing changes or the
-    marsched object is unreadable (raises AliasError)."""
+def client_fields(body: dict[str, Any], headers: Any) -> dict[str, Any]:
+    """The conversation a client's own id names: `prompt_cache_key`, else the `X-Session-ID` header."""
+    key = body.get(CACHE_KEY)
+    if not (isinstance(key, str) and key):
+        key = next((v.decode("latin-1") for k, v in headers if k.lower() == SESSION_HEADER and v), None)
+    return {"conversation": conversation_id(key)} if key else {}
+
+
+def conversation_id(text: str) -> str:
+    """`text` as a conversation id the metadata takes: itself if it can be, else `key-` and its hash."""
+    if 1 <= len(text) <= MAX_CONVERSATION_CHARS and "/" not in text:
+        return text
+    return "key-" + hashlib.sha256(text.encode("utf-8", "surrogatepass")).hexdigest()[:40]
+
+
+def merged_xargs(xargs: dict[str, Any], extra: dict[str, Any] | None = None,
+                 clients: dict[str, Any] | None = None) -> dict[str, Any] | None:
+    """`xargs` with the fields of the clients' ids (`client_fields`), the aliases and `extra` (a
+    prediction, a request id) in its marsched object, in that order under the fields it sets
+    itself, and the router's object taken out; None if nothing changes or the marsched object is
+    unreadable (raises AliasError)."""
     own = own_fields(xargs)
     aliases = alias_fields(xargs)
-    if own is None or not (aliases or extra or ROUTER_KEY in xargs):
+    if own is None or not (aliases or extra or clients or ROUTER_KEY in xargs):
         return None
-    merged = {**aliases, **(extra or {}), **own}
+    merged = {**(clients or {}), **aliases, **(extra or {}), **own}
     out = {k: v for k, v in xargs.items() if k != ROUTER_KEY}
     if merged:
         out[KEY] = json.dumps(merged, separators=(",", ":"))

@@ -31,10 +31,11 @@ import asyncio
 import json
 import logging
 from dataclasses import dataclass, field
+from enum import Enum
 from typing import Any
 
-from marsched.serve.affinity import turn_of
-from marsched.serve.asgi_body import post_body, replay_body
+from marsched.serve.affinity import Turn
+from marsched.serve.asgi_body import MESSAGES_PATH, RESPONSES_PATH, post_body, replay_body
 
 PATH = "/v1/chat/completions"
 MAX_BODY_BYTES = 8 << 20  # what is kept of a non-streamed reply, or of one line of a stream, to read it
@@ -44,14 +45,27 @@ CALLS_TOOLS = ("tool_calls", "stop")  # finish reasons of a reply that calls too
 logger = logging.getLogger(__name__)
 
 
+class Reply(str, Enum):
+    """The shape of a reply, by its endpoint."""
+
+    CHAT = "chat"  # choices[].message.tool_calls / delta.tool_calls, finish_reason tool_calls
+    MESSAGES = "messages"  # content[] blocks of type tool_use, stop_reason tool_use
+    RESPONSES = "responses"  # output[] items of type function_call
+
+
+SHAPES = {PATH: Reply.CHAT, MESSAGES_PATH: Reply.MESSAGES, RESPONSES_PATH: Reply.RESPONSES}
+MARKS = {Reply.CHAT: b"tool_calls", Reply.MESSAGES: b"tool_use", Reply.RESPONSES: b"function_call"}
+
+
 @dataclass(slots=True)
 class ReplyWatch:
     """What one response shows of its tool calls, fed its ASGI messages as they go to the client."""
 
+    shape: Reply = Reply.CHAT
     status: int = 0
     streamed: bool = False
     done: bool = False  # its last message went by
-    unread: bool = False  # too large, or not what a chat completion looks like: no tools to tell
+    unread: bool = False  # too large, or not what a reply of its shape looks like: no tools to tell
     _buffer: bytearray = field(default_factory=bytearray)
     _names: dict[int, list[str]] = field(default_factory=dict)  # choice index -> the tools it called
     _finish: dict[int, str] = field(default_factory=dict)  # choice index -> its finish reason
@@ -68,8 +82,11 @@ class ReplyWatch:
         """The tools the reply called, in order (several choices: all of them); [] when none."""
         if self.unread or not self.done or self.status != 200:
             return []
+        if self.shape is Reply.RESPONSES:  # a function_call item is a call; the reply ends there
+            return self._names.get(0, [])
+        calls = CALLS_TOOLS if self.shape is Reply.CHAT else ("tool_use",)
         return [name for index, names in sorted(self._names.items())
-                if self._finish.get(index) in CALLS_TOOLS for name in names]
+                if self._finish.get(index) in calls for name in names]
 
     def _feed(self, message: dict[str, Any]) -> None:
         kind = message.get("type")
@@ -92,11 +109,12 @@ class ReplyWatch:
         elif self.done:
             body = bytes(self._buffer)
             self._buffer.clear()
-            if b"tool_calls" in body:
+            if MARKS[self.shape] in body:
                 self._read_reply(json.loads(body))
 
     def _read_lines(self) -> None:
         """Server-sent events, one `data:` line each (vLLM's); a line may span body messages."""
+        mark = MARKS[self.shape]
         while True:
             end = self._buffer.find(b"\n")
             if end < 0 and self.done and self._buffer:
@@ -112,18 +130,54 @@ class ReplyWatch:
                 continue
             data = line[5:].strip()
             # Only a tool call's events, and the finish of a choice that made one, need reading.
-            if b"tool_calls" in data or (self._names and b"finish_reason" in data):
+            if mark in data or (self._names and b"finish_reason" in data):
                 self._read_chunk(json.loads(data))
 
     def _read_chunk(self, chunk: Any) -> None:
+        if not isinstance(chunk, dict):
+            return
+        if self.shape is Reply.MESSAGES:  # content_block_start names a tool_use; message_delta ends it
+            block = chunk.get("content_block")
+            if isinstance(block, dict):
+                self._block(block)
+            delta = chunk.get("delta")
+            if isinstance(delta, dict) and isinstance(delta.get("stop_reason"), str):
+                self._finish[0] = delta["stop_reason"]
+            return
+        if self.shape is Reply.RESPONSES:  # each output item once, when it is done
+            if chunk.get("type") == "response.output_item.done" and isinstance(chunk.get("item"), dict):
+                self._item(chunk["item"])
+            return
         for index, choice in _choices(chunk):
             delta = choice.get("delta")
             self._note(index, delta.get("tool_calls") if isinstance(delta, dict) else None, choice)
 
     def _read_reply(self, reply: Any) -> None:
+        if not isinstance(reply, dict):
+            return
+        if self.shape is Reply.MESSAGES:
+            for block in reply.get("content") or ():
+                if isinstance(block, dict):
+                    self._block(block)
+            if isinstance(reply.get("stop_reason"), str):
+                self._finish[0] = reply["stop_reason"]
+            return
+        if self.shape is Reply.RESPONSES:
+            for item in reply.get("output") or ():
+                if isinstance(item, dict):
+                    self._item(item)
+            return
         for index, choice in _choices(reply):
             message = choice.get("message")
             self._note(index, message.get("tool_calls") if isinstance(message, dict) else None, choice)
+
+    def _block(self, block: dict[str, Any]) -> None:
+        if block.get("type") == "tool_use" and isinstance(block.get("name"), str) and block["name"]:
+            self._names.setdefault(0, []).append(block["name"])
+
+    def _item(self, item: dict[str, Any]) -> None:
+        if item.get("type") == "function_call" and isinstance(item.get("name"), str) and item["name"]:
+            self._names.setdefault(0, []).append(item["name"])
 
     def _note(self, index: int, calls: Any, choice: dict[str, Any]) -> None:
         for call in calls if isinstance(calls, list) else ():
@@ -146,21 +200,37 @@ def _choices(body: Any) -> list[tuple[int, dict[str, Any]]]:
     return found
 
 
+def request_of(raw: bytes) -> tuple[Turn | None, str | None]:
+    """The conversation a body names (None: none, or a last turn's) and its `rid`, the name the
+    front end gave it (`prediction.py`)."""
+    from marsched.vllm.metadata import KEY, MetadataError, parse
+
+    try:
+        body = json.loads(raw)
+        xargs = body.get("vllm_xargs") if isinstance(body, dict) else None
+        meta = parse(xargs.get(KEY)) if isinstance(xargs, dict) else None
+    except (ValueError, UnicodeDecodeError, RecursionError, MetadataError):
+        return None, None
+    if meta is None:
+        return None, None
+    turn = Turn(meta.conversation, not meta.retain) if meta.conversation is not None else None
+    return turn, meta.request_id
+
+
 class ToolGapsMiddleware:
     def __init__(self, app: Any) -> None:
         self.app = app
         self._hints: set[asyncio.Task] = set()  # sent in the background; held until done
 
     async def __call__(self, scope: dict[str, Any], receive: Any, send: Any) -> None:
-        raw = await post_body(self.app, scope, receive, send, (PATH,))
+        raw = await post_body(self.app, scope, receive, send, tuple(SHAPES))
         if raw is None:
             return
-        # Most bodies name no conversation: a byte search spares parsing them.
-        turn = turn_of(raw) if b"conversation" in raw else None
-        if turn is None or turn.last:  # no conversation, or no follow-up to predict
+        turn, rid = request_of(raw) if b"vllm_xargs" in raw else (None, None)
+        if (turn is None and rid is None) or (turn is not None and turn.last):  # nothing to tell, or no follow-up
             await self.app(scope, replay_body(raw, receive), send)
             return
-        watch = ReplyWatch()
+        watch = ReplyWatch(SHAPES[scope["path"]])
 
         async def watching(message: dict[str, Any]) -> None:
             await send(message)  # the client's first
@@ -170,24 +240,29 @@ class ToolGapsMiddleware:
             if watch.done:
                 tools = watch.tools()
                 if tools:
-                    self._hint(scope, turn.conversation, tools)
+                    self._hint(scope, turn, rid, tools)
 
         await self.app(scope, replay_body(raw, receive), watching)
 
-    def _hint(self, scope: dict[str, Any], conversation: str, tools: list[str]) -> None:
+    def _hint(self, scope: dict[str, Any], turn: Turn | None, rid: str | None, tools: list[str]) -> None:
         engine = getattr(getattr(scope.get("app"), "state", None), "engine_client", None)
-        task = asyncio.create_task(_send_hint(engine, conversation, tools))
+        task = asyncio.create_task(_send_hint(engine, turn.conversation if turn is not None else None, rid, tools))
         self._hints.add(task)
         task.add_done_callback(self._hints.discard)
 
 
-async def _send_hint(engine: Any, conversation: str, tools: list[str]) -> None:
-    from marsched.vllm.tool_hints import send_tool_hint
+async def _send_hint(engine: Any, conversation: str | None, rid: str | None, tools: list[str]) -> None:
+    """A named conversation's hint goes by its id; another request's by its rid: its conversation,
+    if any, is known in the engine core only (`marsched.vllm.follow_ups`)."""
+    from marsched.vllm.tool_hints import send_called, send_tool_hint
 
     try:
         if engine is None:
             raise RuntimeError("no engine client on the app")
-        await asyncio.wait_for(send_tool_hint(engine, conversation, tools), HINT_TIMEOUT_S)
+        sending = (send_tool_hint(engine, conversation, tools) if conversation is not None
+                   else send_called(engine, rid, tools))
+        await asyncio.wait_for(sending, HINT_TIMEOUT_S)
     except Exception as error:  # noqa: BLE001 - a hint only sharpens a prediction; the reply has gone
-        logger.warning("marsched: could not tell the scheduler the tools conversation %s called (%s): %s: %s",
-                       conversation, ", ".join(tools), type(error).__name__, error)
+        logger.warning("marsched: could not tell the scheduler the tools %s called (%s): %s: %s",
+                       f"conversation {conversation}" if conversation is not None else f"request {rid}",
+                       ", ".join(tools), type(error).__name__, error)

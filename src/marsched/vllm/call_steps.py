@@ -99,12 +99,19 @@ class CallSteps:
         self._tracked[request.request_id] = tracked
         if meta is not None and meta.conversation is not None:
             tracked.conversation, tracked.tool_s, tracked.retain = meta.conversation, meta.tool_s, meta.retain
-            gap = self._keeper.claim(meta.conversation, request.request_id, list(request.prompt_token_ids or ()), now)
+            follows = True
+        else:  # no id: a follow-up is recognised by its prompt (`follow_ups.py`)
+            follows = self._infer_conversation(request, tracked)
+        if follows:
+            conversation = tracked.conversation
+            gap = self._keeper.claim(conversation, request.request_id, list(request.prompt_token_ids or ()), now)
             if gap is not None:  # the gap goes to the tools the previous turn called, when they are known
-                self._gaps.observe(gap, self._tools.arrived(meta.conversation, meta.tool))
-            predicted = plan[min(meta.segment, len(plan) - 1)].output_tokens
-            self._programs.turn_arrives(meta.conversation, progress, predicted)
-        self.lifecycle.arrived(tracked, now, request.num_prompt_tokens)
+                self._gaps.observe(gap, self._tools.arrived(conversation, meta.tool if meta else None))
+            predicted = plan[min(meta.segment if meta else 0, len(plan) - 1)].output_tokens
+            self._programs.turn_arrives(conversation, progress, predicted)
+        program = {} if tracked.conversation is None else {
+            "program": tracked.conversation, "identity": "inferred" if tracked.inferred else "stated"}
+        self.lifecycle.arrived(tracked, now, request.num_prompt_tokens, **program)
         self._sync(tracked, request)
         self._start_segment(tracked, "waiting")
 

@@ -72,6 +72,9 @@ class MarsConfig:
     # and the time after which a follow-up that has not come finds nothing kept.
     retention: str = "policy"
     retention_limit_s: float = DEFAULT_LIMIT_S
+    # A request naming no conversation is a turn of the one whose finished turn its prompt continues
+    # (`marsched.vllm.follow_ups`; needs vLLM's prefix caching, which computes the block hashes).
+    infer_conversations: bool = True
     cost: CostSettings = field(default_factory=CostSettings)
     # A profile (bundled name or .json path, e.g. from `marsched calibrate`): its cost model
     # replaces `cost`, with vLLM's token budget. A relative path is read from the engine's

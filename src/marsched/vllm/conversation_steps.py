@@ -7,6 +7,13 @@ the front end's stop-string ends (`marsched-stopped:<request id>`), which are fi
 the tools a finished turn called (`marsched-tool:<conversation>\\x1f<names>`, `tool_hints.py`), and
 the API server's length predictions (`marsched-predicted:<rid>\\x1f<tokens>`, `told_predictions.py`).
 
+A request that names no conversation may still be a turn of one (`follow_ups.py`): its prompt
+continues a recently finished turn's prompt and reply. It is then that conversation's turn in
+everything above (retention, the program's clocks, the gap per tool). Its finished turn keeps
+nothing until the API server says its reply called tools (`marsched-called:<rid>\x1f<names>`,
+`tool_hints.py`): then the pause begins, and its KV is kept as a named turn's is, if its blocks
+are still in vLLM's prefix cache.
+
 The predicted gap of a turn (`GapEstimator`): the client's `tool_s`; else the estimate of the
 tools the turn called, once the API server has said which (the turn is then decided again,
 where its strategy can still change: `ConversationKeeper.change`); until then, the estimate of
@@ -24,14 +31,16 @@ from vllm.v1.request import Request, RequestStatus
 
 from marsched.policy import EngineLoad, Strategy
 from marsched.policy.retention import GapSource, RetentionMode
+from marsched.vllm.follow_ups import INFERRED_PREFIX, PendingTurn, still_cached
 from marsched.vllm.retention import RELEASE_PREFIX
 from marsched.vllm.signals import wake_engine
 from marsched.vllm.stop_strings import STOPPED_PREFIX, split_marked
 from marsched.vllm.told_predictions import PREDICTED_PREFIX, read_prediction
-from marsched.vllm.tool_hints import TOOL_PREFIX, read_hint
+from marsched.vllm.tool_hints import CALLED_PREFIX, TOOL_PREFIX, read_called, read_hint
 from marsched.vllm.tracked import RetentionDecision, Tracked
 
 logger = init_logger(__name__)
+ENDED = (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED)  # a turn that ended by itself
 
 
 @dataclass(frozen=True, slots=True)
@@ -44,7 +53,8 @@ class KeptDecision:
 
 
 class ConversationSteps:
-    """Mixed into `MarsSchedulerMixin`, which sets up `_keeper`, `_retention`, `_gaps`, `_tools`, `_programs`."""
+    """Mixed into `MarsSchedulerMixin`, which sets up `_keeper`, `_retention`, `_gaps`, `_tools`, `_programs`,
+    `_follow_ups` (None: no inference)."""
 
     def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
         """vLLM's abort path, also carrying releases: `marsched-release:<conversation>` ends that
@@ -66,6 +76,12 @@ class ConversationSteps:
                 self._tool_hint(hint)
             except Exception:  # noqa: BLE001 - a hint only sharpens a prediction; the engine goes on
                 logger.exception("marsched: a tool hint failed")
+        ids, called = split_marked(ids, CALLED_PREFIX)
+        for text in called:
+            try:
+                self._reply_called(text)
+            except Exception:  # noqa: BLE001 - a kept turn is an optimisation; the engine goes on
+                logger.exception("marsched: keeping a turn whose reply called tools failed")
         ids, told = split_marked(ids, PREDICTED_PREFIX)
         for text in told:
             read = read_prediction(text)
@@ -87,8 +103,71 @@ class ConversationSteps:
         return finished + super().finish_requests(ids, finished_status)
 
     def _keeps_turn(self, request: Request, tracked: Tracked | None) -> bool:
-        return (tracked is not None and tracked.conversation is not None and tracked.retain
-                and request.status in (RequestStatus.FINISHED_STOPPED, RequestStatus.FINISHED_LENGTH_CAPPED))
+        return (tracked is not None and tracked.conversation is not None and tracked.retain and not tracked.inferred
+                and request.status in ENDED)
+
+    # --- a conversation recognised from the prompt (`follow_ups.py`) --------------------
+
+    def _infer_conversation(self, request: Request, tracked: Tracked) -> bool:
+        """A request naming no conversation: the conversation its prompt continues, or a new one.
+        Returns whether it continues one (a follow-up)."""
+        if self._follow_ups is None:
+            return False
+        hashes = request.block_hashes
+        conversation = self._follow_ups.match(hashes)
+        tracked.inferred, tracked.prompt_blocks = True, len(hashes)
+        tracked.conversation = conversation or INFERRED_PREFIX + request.request_id
+        if conversation is not None:
+            self._follow_ups.continued(conversation)  # a late word on the previous reply keeps nothing
+        return conversation is not None
+
+    def _inferred_turn_ended(self, request: Request, tracked: Tracked) -> None:
+        """An inferred conversation's turn finishes: its follow-up is looked for, its program goes on,
+        and its blocks wait in vLLM's prefix cache for the word that its reply called tools."""
+        now = time.monotonic()
+        conversation = tracked.conversation
+        self._follow_ups.finished(conversation, tracked.prompt_blocks, request.block_hashes, now)
+        self._keeper.ended(conversation, now)
+        self._tools.ended(conversation)
+        self._programs.adopt(conversation, tracked.prompt_tokens)
+        groups = self.kv_cache_manager.get_blocks(request.request_id).blocks
+        blocks = list(groups[0]) if len(groups) == 1 else []  # one KV group: full attention
+        full = min(request.num_computed_tokens // self.cache_config.block_size, len(blocks))
+        blocks = blocks[:full]
+        self._follow_ups.wait_for_reply(PendingTurn(
+            conversation, tracked.rid, request.request_id, list(request.all_token_ids[:full * self.cache_config.block_size]),
+            request.num_computed_tokens, blocks, [b.block_hash for b in blocks], now))
+
+    def _reply_called(self, text: str) -> None:
+        """The API server says an inferred turn's reply called tools: the pause begins, and the turn's
+        KV is kept as the retention rule decides from those tools' gap, if vLLM still caches it."""
+        read = read_called(text)
+        if read is None or self._follow_ups is None:
+            return
+        rid, tools = read
+        turn = self._follow_ups.replied(rid)
+        if turn is None:
+            return
+        conversation = turn.conversation
+        self._tools.hinted(conversation, tools)
+        blocks = still_cached(turn.blocks, turn.hashes)
+        gap_s = self._gaps.predict(None, tools)
+        block_size = self.cache_config.block_size
+        context = min(turn.context_tokens, len(blocks) * block_size)
+        strategy, hold_s = self._retention_choice(context, gap_s, self._load(),
+                                                  self._host_free_tokens() >= context)
+        kept = self._keeper.keep(conversation, turn.request_id, turn.tokens, context, blocks, strategy,
+                                 turn.end_t, hold_s)
+        decision = RetentionDecision(strategy if kept is not None else Strategy.DISCARD, gap_s, GapSource.HINT, tools)
+        info = self._done.get(rid)
+        if info is not None:
+            info["retention"] = decision.to_dict()
+            self._changed.add(rid)
+        if kept is not None:
+            kept.decided = KeptDecision(rid, context, False)
+            self._arm_expiry(time.monotonic())
+        if self._swapper is not None:
+            self._swapper.snapshot_dirty = True  # a step publishes it, and sends a copy a Swap asks for
 
     def _keep_conversation(self, request: Request, tracked: Tracked) -> None:
         """A turn of a conversation ends: keep its KV as the retention rule decides."""
@@ -153,7 +232,11 @@ class ConversationSteps:
             self._keeper.arm(now, lambda: wake_engine(self._input_queue))
 
     def _tend_kept(self, now: float) -> None:
-        """Each step: end expired retentions, and give way to the head of the queue if it does not fit."""
+        """Each step: end expired retentions, and give way to the head of the queue if it does not fit;
+        an inferred conversation not continued in its window ends."""
+        if self._follow_ups is not None:
+            for conversation in self._follow_ups.expire(now):
+                self._programs.ended(conversation)
         if self._keeper.expire(now) and self._swapper is not None:
             # Often the only step of an idle engine: without this it would not publish the counters,
             # and /marsched/state would show the ended retentions as kept until the next request.

@@ -54,6 +54,15 @@ class ProgramLedger:
         progress.attained_before_segment = progress.attained_iterations
         progress.program = self._outlook(record, predicted_tokens)
 
+    def adopt(self, conversation: str, prompt_tokens: int) -> None:
+        """A request that arrived as no known program's turn (its conversation was not recognised
+        then) ends as its program's first turn: from now on it is followed (`turn_ends`)."""
+        if conversation not in self._programs:
+            self._programs[conversation] = ProgramRecord(turns=1, first_context=prompt_tokens,
+                                                         last_context=prompt_tokens)
+            while len(self._programs) > self._limit:
+                self._programs.popitem(last=False)
+
     def turn_predicted(self, conversation: str, progress: RequestProgress, predicted_tokens: int) -> None:
         """A waiting turn's reply was predicted anew (told after it arrived): its outlook takes the number."""
         record = self._programs.get(conversation)

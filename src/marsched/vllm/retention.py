@@ -136,6 +136,11 @@ class ConversationKeeper:
         self.kept[conversation] = kept
         return kept
 
+    def ended(self, conversation: str, now: float) -> None:
+        """A turn of `conversation` ended with nothing kept (yet): its follow-up is a miss unless
+        `keep` follows."""
+        self._remember(conversation, now)
+
     def change(self, conversation: str, strategy: Strategy) -> Strategy | None:
         """Decide a kept turn again (the module's docstring says what can change). Returns the
         strategy in force now, or None if nothing of `conversation` is kept."""

@@ -39,8 +39,9 @@ from marsched.policy.cost_model import attention_pairs
 from marsched.policy.retention import GapEstimator
 from marsched.vllm.call_steps import CallSteps
 from marsched.vllm.config import MarsConfig
-from marsched.vllm.conversation_steps import ConversationSteps
+from marsched.vllm.conversation_steps import ENDED, ConversationSteps
 from marsched.vllm.faults import FaultIsolation
+from marsched.vllm.follow_ups import FollowUps
 from marsched.vllm.kv_swap import HostSwapConnector, SwapMeta
 from marsched.vllm.ranked_queue import RankedRequestQueue
 from marsched.vllm.retention import HOST_KEY_PREFIX, ConversationKeeper
@@ -99,6 +100,9 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         self._gaps = GapEstimator()
         self._tools = ConversationTools()  # which tools each conversation's gaps follow
         self._programs = ProgramLedger()
+        # Conversations recognised from the prompt (`follow_ups.py`): vLLM hashes blocks with prefix caching on.
+        self._follow_ups = (FollowUps() if self.mars_config.infer_conversations and self.cache_config.enable_prefix_caching
+                            else None)
         self._told = ToldPredictions()  # length predictions the API server sends after their requests
         self.lifecycle = CallLifecycle(self.mars_policy, self.waiting, self, self.mars_trace,
                                        handle_of=self._tracked.get, on_event=self._on_event,
@@ -392,6 +396,11 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
                 self._keep_conversation(request, tracked)
             except Exception:  # noqa: BLE001 - nothing is kept; vLLM frees the request as usual
                 logger.exception("marsched: keeping the KV of conversation turn %s failed", rid)
+        elif tracked is not None and tracked.inferred and request.status in ENDED:
+            try:
+                self._inferred_turn_ended(request, tracked)
+            except Exception:  # noqa: BLE001 - its follow-up will not be recognised; vLLM frees it as usual
+                logger.exception("marsched: remembering inferred conversation turn %s failed", rid)
         result = super()._free_request(request, delay_free_blocks)
         if tracked is not None:
             try:

@@ -66,6 +66,7 @@ class Inspection:
             "tool_gap_global_s": self._gaps.global_s,
             "tool_gaps": self._gaps.snapshot(),
             **self._programs.snapshot(),
+            **(self._follow_ups.snapshot() if self._follow_ups is not None else {}),
             **self._told.snapshot(),
         }
         if request_id is not None:

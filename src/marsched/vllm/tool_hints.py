@@ -11,6 +11,14 @@ anything else, so the names come after the last `\\x1f`); names are `metadata.to
 `\\x1f`, no `,`), at most MAX_HINT_TOOLS distinct ones. `MarsScheduler.finish_requests` takes
 them (`conversation_steps.py`); a malformed one is dropped there.
 
+A turn that names no conversation (its identity is inferred in the engine core, `follow_ups.py`)
+is told by the request id the front end gave it (`vllm_xargs.marsched.rid`), which is all the
+API server knows of it:
+
+    marsched-called:<rid>\x1f<name>[,<name>...]
+
+Its reply called tools: the turn pauses for them, and its KV is kept (`conversation_steps.py`).
+
 `ConversationTools` is what the scheduler remembers per conversation: the tools its finished
 turn called (pending until the follow-up arrives, which attributes the gap to them) and the
 tools of its previous gap (the default guess for a turn whose hint has not arrived yet).
@@ -24,9 +32,10 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from marsched.vllm.metadata import MAX_CONVERSATION_CHARS, tool_name
+from marsched.vllm.metadata import MAX_CONVERSATION_CHARS, MAX_RID_CHARS, tool_name
 
 TOOL_PREFIX = "marsched-tool:"
+CALLED_PREFIX = "marsched-called:"  # a request, by its rid, whose reply called tools
 SEPARATOR = "\x1f"  # ASCII unit separator: between the conversation and the names
 NAMES_SEPARATOR = ","
 MAX_HINT_TOOLS = 8  # distinct tools one hint names; a reply calling more is told its first 8
@@ -55,6 +64,36 @@ def read_hint(text: str) -> tuple[str, tuple[str, ...]] | None:
         return None
     tools = tool_names(names.split(NAMES_SEPARATOR))
     return (conversation, tools) if tools else None
+
+
+def called_id(rid: str, names: Any) -> str | None:
+    """The abort-path id telling that request `rid`'s reply called `names`; None if there is nothing
+    to tell or `rid` is not one the metadata allows."""
+    tools = tool_names(names)
+    if not tools or not 1 <= len(rid) <= MAX_RID_CHARS:
+        return None
+    return f"{CALLED_PREFIX}{rid}{SEPARATOR}{NAMES_SEPARATOR.join(tools)}"
+
+
+def read_called(text: str) -> tuple[str, tuple[str, ...]] | None:
+    """(rid, tools) from what follows CALLED_PREFIX; None if malformed."""
+    rid, separator, names = text.rpartition(SEPARATOR)
+    if not separator or not 1 <= len(rid) <= MAX_RID_CHARS:
+        return None
+    tools = tool_names(names.split(NAMES_SEPARATOR))
+    return (rid, tools) if tools else None
+
+
+async def send_called(engine_client: Any, rid: str, names: Any) -> bool:
+    """From the API server: tell the engine core that request `rid`'s reply called `names` (every
+    data-parallel rank; the one that ran it acts). False if there was nothing to send."""
+    from marsched.vllm.abort_routing import send_to_every_rank
+
+    hint = called_id(rid, names)
+    if hint is None:
+        return False
+    await send_to_every_rank(engine_client.engine_core, [hint])
+    return True
 
 
 async def send_tool_hint(engine_client: Any, conversation: str, names: Any) -> bool:

@@ -62,6 +62,8 @@ class Tracked:
     max_wait_s: float = 0.0
     victim_key: float = 0.0
     conversation: str | None = None  # the conversation this request is a turn of
+    inferred: bool = False  # the conversation was recognised from the prompt, not named (`follow_ups.py`)
+    prompt_blocks: int = 0  # full blocks of its prompt hashed at arrival (an inferred turn's)
     tool_s: float | None = None  # the client's estimate of the time until the next turn
     retain: bool = True
     retention: RetentionDecision | None = None  # a finished conversation turn's, once decided
