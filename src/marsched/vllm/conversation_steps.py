@@ -114,7 +114,7 @@ class ConversationSteps:
         if self._follow_ups is None:
             return False
         hashes = request.block_hashes
-        conversation = self._follow_ups.match(hashes)
+        conversation = self._follow_ups.match(hashes, request.num_prompt_tokens)
         tracked.inferred, tracked.prompt_blocks = True, len(hashes)
         tracked.conversation = conversation or INFERRED_PREFIX + request.request_id
         if conversation is not None:
@@ -126,7 +126,7 @@ class ConversationSteps:
         and its blocks wait in vLLM's prefix cache for the word that its reply called tools."""
         now = time.monotonic()
         conversation = tracked.conversation
-        self._follow_ups.finished(conversation, tracked.prompt_blocks, request.block_hashes, now)
+        self._follow_ups.finished(conversation, tracked.prompt_tokens, tracked.prompt_blocks, request.block_hashes, now)
         self._keeper.ended(conversation, now)
         self._tools.ended(conversation)
         self._programs.adopt(conversation, tracked.prompt_tokens)

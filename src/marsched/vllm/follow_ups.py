@@ -17,8 +17,9 @@ each mapping to its conversation:
 
 A new request looks its own hashes up from its longest prefix down and stops at the first one
 remembered (`match`): a follow-up finds its previous turn after the few blocks of its tool result.
-A hash remembered by several conversations (the same whole history, through that block) is
-ambiguous and matches none: two conversations are never merged unless nothing in their tokens
+A prompt's end matches only a request longer than that prompt: the same prompt sent again (a
+retry, or another conversation replaying the same history) continues nothing. A hash remembered
+by several conversations (the same whole history, through that block) is ambiguous and matches none: two conversations are never merged unless nothing in their tokens
 tells them apart. Conversations that share a system prompt differ from their first user
 message on, so neither end of one is ever a prefix of the other's follow-up.
 
@@ -53,7 +54,7 @@ PENDING_KEPT = 10_000
 class FinishedTurn:
     conversation: str
     end_t: float
-    keys: tuple[bytes, ...]  # the hashes it is remembered by
+    keys: tuple[tuple[bytes, int], ...]  # the hashes it is remembered by, each with the tokens a request must exceed
 
 
 @dataclass(slots=True)
@@ -81,14 +82,15 @@ def still_cached(blocks: Sequence[Any], hashes: Sequence[Any]) -> list[Any]:
     return kept
 
 
-def turn_keys(prompt_blocks: int, hashes: Sequence[bytes]) -> tuple[bytes, ...]:
-    """The hashes a finished turn is remembered by: its reply's end and its prompt's end (one when
-    they are the same block; none when not a block is full)."""
+def turn_keys(prompt_tokens: int, prompt_blocks: int, hashes: Sequence[bytes]) -> tuple[tuple[bytes, int], ...]:
+    """The hashes a finished turn is remembered by, each with the prompt tokens a follow-up must
+    exceed: its reply's end (any longer prompt), and its prompt's end (a prompt longer than its
+    own); one when they are the same block, none when not a block is full."""
     keys = []
     if hashes:
-        keys.append(hashes[-1])
+        keys.append((hashes[-1], 0))
     if 0 < prompt_blocks < len(hashes):
-        keys.append(hashes[prompt_blocks - 1])
+        keys.append((hashes[prompt_blocks - 1], prompt_tokens))
     return tuple(keys)
 
 
@@ -98,33 +100,38 @@ class FollowUps:
 
     window_s: float = WINDOW_S
     limit: int = REMEMBERED
-    _owners: dict[bytes, list[str]] = field(default_factory=dict)  # hash -> the conversations remembered by it
+    _owners: dict[bytes, list[tuple[str, int]]] = field(default_factory=dict)  # hash -> (conversation, tokens to exceed)
     _turns: OrderedDict[str, FinishedTurn] = field(default_factory=OrderedDict)  # by end time
     pending: OrderedDict[str, PendingTurn] = field(default_factory=OrderedDict)  # conversation -> its turn
     _pending_of: dict[str, str] = field(default_factory=dict)  # the caller's rid -> its conversation
     matched: int = 0  # requests found to continue a conversation
     ambiguous: int = 0  # requests whose longest remembered prefix several conversations share
 
-    def match(self, hashes: Sequence[bytes]) -> str | None:
-        """The conversation whose finished turn the request with these block hashes continues, or None."""
+    def match(self, hashes: Sequence[bytes], prompt_tokens: int) -> str | None:
+        """The conversation whose finished turn the request with these block hashes (and this many
+        prompt tokens) continues, or None."""
         owners = self._owners
         for index in range(len(hashes) - 1, -1, -1):
             found = owners.get(hashes[index])
-            if found is not None:
-                if len(found) == 1:
-                    self.matched += 1
-                    return found[0]
+            if found is None:
+                continue
+            continues = [conversation for conversation, shorter in found if prompt_tokens > shorter]
+            if len(continues) == 1:
+                self.matched += 1
+                return continues[0]
+            if continues:
                 self.ambiguous += 1
                 return None
         return None
 
-    def finished(self, conversation: str, prompt_blocks: int, hashes: Sequence[bytes], end_t: float) -> None:
-        """A turn of `conversation` ended with these block hashes (prompt and reply; its prompt
-        filled `prompt_blocks` of them). It replaces the conversation's previous turn."""
+    def finished(self, conversation: str, prompt_tokens: int, prompt_blocks: int, hashes: Sequence[bytes],
+                 end_t: float) -> None:
+        """A turn of `conversation` ended with these block hashes (prompt and reply; its prompt of
+        `prompt_tokens` filled `prompt_blocks` of them). It replaces the conversation's previous turn."""
         self._drop(conversation)
-        turn = FinishedTurn(conversation, end_t, turn_keys(prompt_blocks, hashes))
-        for key in turn.keys:
-            self._owners.setdefault(key, []).append(conversation)
+        turn = FinishedTurn(conversation, end_t, turn_keys(prompt_tokens, prompt_blocks, hashes))
+        for key, shorter in turn.keys:
+            self._owners.setdefault(key, []).append((conversation, shorter))
         self._turns[conversation] = turn
         while len(self._turns) > self.limit:
             self._drop(next(iter(self._turns)))
@@ -179,9 +186,9 @@ class FollowUps:
         turn = self._turns.pop(conversation, None)
         if turn is None:
             return
-        for key in turn.keys:
+        for key, shorter in turn.keys:
             owners = self._owners.get(key)
-            if owners is not None and conversation in owners:
-                owners.remove(conversation)
+            if owners is not None and (conversation, shorter) in owners:
+                owners.remove((conversation, shorter))
                 if not owners:
                     del self._owners[key]
