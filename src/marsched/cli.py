@@ -78,6 +78,8 @@ PREDICTOR_HELP = {
     "type-mean": "per kind of segment (its call's API type, or the end), the trace's mean output length",
     "learned[:HEAD]": "MiniLM + a trained head on text records (the packaged default; 'agent', the packaged head "
                       "trained on agent turns; or a directory); type-mean for the rest",
+    "learned-online[:HEAD]": "the learned head on text records, times a factor learned online from the replies "
+                             "served (per class and position, and per request); online for the rest (knowable)",
 }
 API_ESTIMATOR_HELP = {
     "past-mean": "per tool, the mean of the calls seen so far, for the tool of the request's latest call "

@@ -66,11 +66,13 @@ class NoisyOracleLength:
 
 # The bound: every segment's length, call and the segments still to come, read from the trace.
 FOREKNOWLEDGE = "foreknowledge"
-PREDICTOR_SPECS = "online, foreknowledge (a bound), oracle, noisy:SIGMA (e.g. noisy:0.3), type-mean, learned, learned:DIR"
+PREDICTOR_SPECS = ("online, foreknowledge (a bound), oracle, noisy:SIGMA (e.g. noisy:0.3), type-mean, learned, "
+                   "learned:DIR, learned-online, learned-online:DIR")
 
 
 def parse_length_predictor(spec: str, seed: int = 0) -> LengthPredictor:
-    """`oracle`, `noisy:SIGMA` (for example `noisy:0.3`), `type-mean`, `learned` or `learned:DIR`.
+    """`online`, `oracle`, `noisy:SIGMA` (for example `noisy:0.3`), `type-mean`, `learned`, `learned:DIR`,
+    `learned-online` or `learned-online:DIR` (the head calibrated online, `marsched.predict.calibrated`).
 
     `type-mean` and `learned` need `prepare_length_predictor` before they predict
     (`marsched.predict.learned` says what they do). `learned` checks here that its head loads
@@ -88,6 +90,15 @@ def parse_length_predictor(spec: str, seed: int = 0) -> LengthPredictor:
         from marsched.predict.learned import TypeMeanLength
 
         return TypeMeanLength()
+    if spec == "learned-online" or spec.startswith("learned-online:"):
+        from marsched.predict.calibrated import CalibratedLength
+        from marsched.predict.encoder import model_zip
+        from marsched.predict.learned import head_directory
+
+        head = spec.removeprefix("learned-online")
+        calibrated = CalibratedLength(head_directory("learned" + head))
+        model_zip()
+        return calibrated
     if spec == "learned" or spec.startswith("learned:"):
         from marsched.predict.encoder import model_zip
         from marsched.predict.learned import LearnedLength, head_directory

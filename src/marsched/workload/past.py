@@ -11,7 +11,7 @@ INFERCEPT mixture, the augmentation whose data set the prompt comes from.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 from marsched.workload.model import Request, Segment
 
@@ -23,6 +23,7 @@ class RequestPast:
     prompt_tokens: int
     context_tokens: int  # at the start of the current segment
     done: tuple[Segment, ...]  # the segments finished, each with the call that ended it
+    template_id: str = field(default="", compare=False)  # the trace request this one replays (`Request.template_id`): its prompt's identity
 
     @classmethod
     def of(cls, request: Request, segment_index: int) -> "RequestPast":
@@ -30,7 +31,8 @@ class RequestPast:
         if not 0 <= segment_index < len(request.segments):
             raise IndexError(f"request {request.request_id!r} has no segment {segment_index}")
         return cls(request.request_id, request.task_class, request.prompt_tokens,
-                   request.segments[segment_index].context_tokens, request.segments[:segment_index])
+                   request.segments[segment_index].context_tokens, request.segments[:segment_index],
+                   request.template_id)
 
     @property
     def segment_index(self) -> int:
