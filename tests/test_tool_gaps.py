@@ -19,7 +19,7 @@ from marsched.policy.retention import (GapEstimator, GapSource, RetentionRule, T
 from marsched.serve.tool_gaps import ReplyWatch, ToolGapsMiddleware
 from marsched.vllm.metadata import MAX_TOOL_CHARS, MetadataError, parse, tool_name
 from marsched.vllm.retention import HOST_KEY_PREFIX, ConversationKeeper
-from marsched.vllm.tool_hints import (MAX_HINT_TOOLS, TOOL_PREFIX, ConversationTools, hint_id, read_hint,
+from marsched.vllm.tool_hints import (CALLED_PREFIX, MAX_HINT_TOOLS, TOOL_PREFIX, called_id, read_called, ConversationTools, hint_id, read_hint,
                                       send_tool_hint)
 
 # --- the estimator --------------------------------------------------------------------------------
@@ -585,3 +585,87 @@ def test_a_step_whose_head_does_not_fit_unpins_the_follow_ups_waiting_behind_it(
     steps._tend_kept(2.0)
     assert all(block.ref_cnt == 0 for block in pinned)  # back in vLLM's prefix cache, free for the head
     assert steps._keeper.stats.yielded == 1 and steps._swapper.snapshot_dirty
+
+
+# --- replies of the other endpoints, and requests that name no conversation ----------------------
+
+def messages_reply(*calls: str, stop: str = "tool_use") -> bytes:
+    content = [{"type": "text", "text": "let me see"}] + [
+        {"type": "tool_use", "id": f"toolu_{i}", "name": name, "input": {}} for i, name in enumerate(calls)]
+    return json.dumps({"id": "msg_1", "type": "message", "content": content, "stop_reason": stop}).encode()
+
+
+def messages_stream(*calls: str, stop: str = "tool_use") -> list[bytes]:
+    def event(kind, data):
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+    events = [event("message_start", {"message": {"id": "msg_1", "content": []}})]
+    for i, name in enumerate(calls):
+        events.append(event("content_block_start", {"index": i, "content_block": {
+            "type": "tool_use", "id": f"toolu_{i}", "name": name, "input": {}}}))
+        events.append(event("content_block_delta", {"index": i, "delta": {
+            "type": "input_json_delta", "partial_json": "{\"command\": \"ls\"}"}}))
+        events.append(event("content_block_stop", {"index": i}))
+    events.append(event("message_delta", {"delta": {"stop_reason": stop}}))
+    return events + [event("message_stop", {})]
+
+
+def responses_reply(*calls: str) -> bytes:
+    output = [{"type": "function_call", "name": name, "arguments": "{}", "call_id": f"call_{i}"}
+              for i, name in enumerate(calls)] or [{"type": "message", "content": [{"type": "output_text", "text": "hi"}]}]
+    return json.dumps({"id": "resp_1", "object": "response", "status": "completed", "output": output}).encode()
+
+
+def responses_stream(*calls: str) -> list[bytes]:
+    def event(kind, data):
+        return f"event: {kind}\ndata: {json.dumps({'type': kind, **data})}\n\n".encode()
+
+    events = [event("response.created", {"response": {"id": "resp_1"}})]
+    for i, name in enumerate(calls):
+        item = {"type": "function_call", "name": name, "arguments": "", "call_id": f"call_{i}"}
+        events.append(event("response.output_item.added", {"output_index": i, "item": item}))
+        events.append(event("response.function_call_arguments.delta", {"output_index": i, "delta": "{}"}))
+        events.append(event("response.output_item.done", {"output_index": i, "item": {**item, "arguments": "{}"}}))
+    return events + [event("response.completed", {"response": {"id": "resp_1", "status": "completed"}})]
+
+
+def with_rid(rid: str = "mars-1", **fields) -> bytes:
+    """A body as the prediction middleware hands it on: a `rid` in its marsched object."""
+    xargs = {"marsched": json.dumps({"rid": rid, **fields})}
+    return json.dumps({"model": "m", "messages": [], "vllm_xargs": xargs}).encode()
+
+
+@pytest.mark.parametrize("path,messages,streamed", [
+    ("/v1/chat/completions", [reply("get_weather")], False),
+    ("/v1/chat/completions", stream("get_weather"), True),
+    ("/v1/messages", [messages_reply("get_weather")], False),
+    ("/v1/messages", messages_stream("get_weather"), True),
+    ("/v1/responses", [responses_reply("get_weather")], False),
+    ("/v1/responses", responses_stream("get_weather"), True),
+])
+def test_a_reply_calling_tools_on_every_endpoint_starts_the_pause_of_its_request(path, messages, streamed):
+    """No conversation named: the scheduler knows the request's conversation, the API server its rid."""
+    seen = serve(with_rid(), messages, streamed=streamed, path=path)
+    assert seen["body"] == b"".join(messages)
+    assert seen["hints"] == [[f"{CALLED_PREFIX}mars-1\x1fget_weather"]]
+    named = serve(with_rid(conversation="c"), messages, streamed=streamed, path=path)
+    assert named["hints"] == [[f"{TOOL_PREFIX}c\x1fget_weather"]]  # a named conversation: by its id
+
+
+@pytest.mark.parametrize("path,messages,streamed", [
+    ("/v1/messages", [messages_reply()], False),
+    ("/v1/messages", [messages_reply("Bash", stop="max_tokens")], False),  # cut: no call was made
+    ("/v1/messages", messages_stream("Bash", stop="max_tokens"), True),
+    ("/v1/responses", [responses_reply()], False),
+    ("/v1/responses", responses_stream(), True),
+    ("/v1/chat/completions", [reply("calc", finish="length")], False),
+])
+def test_a_reply_calling_no_tool_tells_nothing(path, messages, streamed):
+    assert serve(with_rid(), messages, streamed=streamed, path=path)["hints"] == []
+
+
+def test_called_hints_round_trip_and_bad_ones_are_none():
+    assert called_id("mars-1", ["a", "b", "a"]) == f"{CALLED_PREFIX}mars-1\x1fa,b"
+    assert read_called("mars-1\x1fa,b") == ("mars-1", ("a", "b"))
+    assert called_id("", ["a"]) is None and called_id("r", []) is None
+    assert read_called("no separator") is None and read_called("\x1fa") is None and read_called("r\x1f") is None

@@ -56,6 +56,8 @@ class ConversationSteps:
     """Mixed into `MarsSchedulerMixin`, which sets up `_keeper`, `_retention`, `_gaps`, `_tools`, `_programs`,
     `_follow_ups` (None: no inference)."""
 
+    _follow_ups: Any = None  # `FollowUps`, once the scheduler sets it up
+
     def finish_requests(self, request_ids: Any, finished_status: RequestStatus) -> list[Request]:
         """vLLM's abort path, also carrying releases: `marsched-release:<conversation>` ends that
         conversation's retention (a front end whose client went away, or a last turn),
