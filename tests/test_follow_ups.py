@@ -70,6 +70,10 @@ def test_the_same_prompt_again_continues_nothing():
     assert follow.match(hashes(prompt), len(prompt)) is None
     shorter = SYSTEM
     assert follow.match(hashes(shorter), len(shorter)) is None
+    short_reply = SYSTEM + [7, 7, 7, 7]  # a reply that fills no block: its end is the prompt's last block
+    finish(follow, "b", short_reply, [5, 6])
+    assert follow.match(hashes(short_reply), len(short_reply)) is None
+    assert follow.match(hashes(short_reply + [5, 6, 7]), len(short_reply) + 3) == "b"
 
 
 def test_a_later_turn_replaces_the_earlier_and_turns_expire():
@@ -97,8 +101,8 @@ def test_the_least_recent_turns_go_first_past_the_limit():
 
 def test_turn_keys():
     h = [b"a", b"b", b"c"]
-    assert turn_keys(9, 2, h) == ((b"c", 0), (b"b", 9))
-    assert turn_keys(12, 3, h) == ((b"c", 0),)  # the reply filled no block
+    assert turn_keys(9, 2, h) == ((b"c", 9), (b"b", 9))
+    assert turn_keys(12, 3, h) == ((b"c", 12),)  # the reply filled no block
     assert turn_keys(1, 0, []) == ()
 
 

@@ -17,8 +17,8 @@ each mapping to its conversation:
 
 A new request looks its own hashes up from its longest prefix down and stops at the first one
 remembered (`match`): a follow-up finds its previous turn after the few blocks of its tool result.
-A prompt's end matches only a request longer than that prompt: the same prompt sent again (a
-retry, or another conversation replaying the same history) continues nothing. A hash remembered
+Either matches only a request longer than the turn's prompt: the same prompt sent again (a retry,
+or another conversation replaying the same history) continues nothing. A hash remembered
 by several conversations (the same whole history, through that block) is ambiguous and matches none: two conversations are never merged unless nothing in their tokens
 tells them apart. Conversations that share a system prompt differ from their first user
 message on, so neither end of one is ever a prefix of the other's follow-up.
@@ -84,11 +84,11 @@ def still_cached(blocks: Sequence[Any], hashes: Sequence[Any]) -> list[Any]:
 
 def turn_keys(prompt_tokens: int, prompt_blocks: int, hashes: Sequence[bytes]) -> tuple[tuple[bytes, int], ...]:
     """The hashes a finished turn is remembered by, each with the prompt tokens a follow-up must
-    exceed: its reply's end (any longer prompt), and its prompt's end (a prompt longer than its
-    own); one when they are the same block, none when not a block is full."""
+    exceed (a follow-up is longer than the prompt it continues): its reply's end and its prompt's
+    end; one when the reply filled no block, none when not a block is full."""
     keys = []
     if hashes:
-        keys.append((hashes[-1], 0))
+        keys.append((hashes[-1], prompt_tokens))
     if 0 < prompt_blocks < len(hashes):
         keys.append((hashes[prompt_blocks - 1], prompt_tokens))
     return tuple(keys)
