@@ -14,9 +14,10 @@ reads them: `marsched.predict.texts`), the prediction is the head's estimate tim
   much as one observation, beside the class's factor, which counts as `class_weight` of them.
 
 Every ratio is clipped to [1/`max_factor`, `max_factor`] before it is averaged (in logs), and so
-is the factor: one reply a thousand times its estimate moves its class's factor by at most
-`max_factor` ^ (1 / (1 + `prior_weight`)), and its request's by `max_factor` ^ (1 / (1 +
-`class_weight`)) more. A segment without text gets `OnlineLength`'s rule,
+is the factor. One reply a million times its estimate moves a class that has seen nothing else
+by at most `max_factor` ^ ((1 + 2w) / (1 + w)²), w = `prior_weight` (7.5× with the defaults: the
+ratio counts in its class and in its position's pool), and a class that has seen 20 replies by
+under 25%. A segment without text gets `OnlineLength`'s rule,
 which learns from every segment served, with text or not.
 
 **What it reads.** Only the past (`RequestPast`): the head's estimate for segment i reads
