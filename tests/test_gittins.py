@@ -87,3 +87,15 @@ def test_program_rest_learns_turns_replies_and_growth_per_class():
 def test_an_outlook_completion_chance_is_checked():
     with pytest.raises(ValueError, match="completion"):
         ProgramOutlook(1.0, 1.0, 1.0, None, 0.0)
+
+
+def test_turns_left_from_distinct_counts_is_the_conditional_mean_over_every_program():
+    from marsched.policy.program import expected_turns_left
+
+    lengths = ProgramLengths(limit=7)
+    ended = [3, 1, 4, 1, 5, 9, 2, 6, 5, 3, 5]
+    for turns in ended:
+        lengths.ended(turns)
+    kept = sorted(ended[-7:])  # the latest `limit`
+    for so_far in range(0, 11):
+        assert lengths.turns_left(so_far) == pytest.approx(expected_turns_left(kept, so_far))

@@ -86,7 +86,14 @@ class ProgramLengths:
         self._left.clear()
 
     def turns_left(self, turns_so_far: int) -> float:
-        return expected_turns_left(self._sorted, turns_so_far)
+        """`expected_turns_left` over the programs that ended, from their distinct turn counts (a
+        few dozen) rather than from every program (up to `limit`): it is asked at every turn."""
+        total = count = 0
+        for turns, programs in self._counts.items():
+            if turns >= turns_so_far:
+                total += (turns - turns_so_far) * programs
+                count += programs
+        return (total + PRIOR_TURNS_LEFT * PRIOR_WEIGHT) / (count + PRIOR_WEIGHT)
 
     def turns_left_counts(self, turns_so_far: int) -> list[tuple[int, float]]:
         """The distribution of turns left past `turns_so_far`, as (turns, weight) sorted by turns:
