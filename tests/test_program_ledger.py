@@ -65,3 +65,28 @@ def test_the_ledger_forgets_the_least_recently_seen_program_past_its_limit():
     again = turn(10)
     ledger.turn_arrives("b", again, predicted_tokens=1)  # "b" was forgotten: a new program
     assert ledger.snapshot()["programs_followed"] == 2
+
+
+def test_a_gittins_ledger_gives_each_turn_its_programs_turns_left_to_rank_over():
+    from marsched.policy.load import EngineLoad
+    from marsched.policy.program_rest import RestRule
+    from marsched.policy.registry import make_policy
+    from simhelpers import COST
+
+    keys = {}
+    for rest in (RestRule.GITTINS, RestRule.MEAN):
+        ledger = ProgramLedger(rest=rest)
+        for conversation, turns in (("a", 1), ("b", 1), ("c", 1), ("d", 12)):
+            for _ in range(turns):
+                progress = turn(100)
+                ledger.turn_arrives(conversation, progress, predicted_tokens=10)
+                ledger.turn_ends(conversation, progress, last=False)
+            ledger.ended(conversation)
+        progress = turn(300)
+        ledger.turn_arrives("new", progress, predicted_tokens=10)
+        expected = ledger.lengths.turns_left_counts(1) if rest is RestRule.GITTINS else None
+        assert progress.rest_counts == expected
+        policy = make_policy("mars", COST)
+        policy.start_segment(progress, EngineLoad(0.0, 0, 0.02, 1_000))
+        keys[rest] = policy.queue_key(progress, EngineLoad(0.0, 0, 0.02, 1_000))
+    assert keys[RestRule.GITTINS] != keys[RestRule.MEAN]

@@ -326,6 +326,9 @@ def serve(
              "predict extra is installed; else oracle: each request's plan or max_tokens), oracle, type-mean, "
              "learned or learned:HEAD (a packaged head such as 'agent', or a directory).")] = "auto",
     api_estimator: ApiOpt = "type-mean",
+    rest: Annotated[str, typer.Option(
+        help="How a conversation's turns to come weigh in its key: gittins (the Gittins rank over the turns "
+             "left of the programs that ended) or mean.")] = DEFAULT_REST,
     refresh_interval: RefreshOpt = 1,
     seed: SeedOpt = 0,
     trace_out: Annotated[Path | None, typer.Option(
@@ -418,7 +421,7 @@ def serve(
                           predictor=predictor,
                           api_estimator=api_estimator, seed=seed,
                           trace_path=str(trace_out.absolute()) if trace_out else None, cost=cost,
-                          profile=profile, retention=retention, retention_limit_s=retention_limit_s)
+                          profile=profile, retention=retention, retention_limit_s=retention_limit_s, rest=rest)
         options = ServeOptions(model, mars, host=host, port=port, swap=swap, state_endpoint=state_endpoint,
                                cpu_kv_cache_gib=cpu_kv_cache_gib, cpu_threads_bind=cpu_bind,
                                cpu_reserved_cores=cpu_reserved_cores, vllm_args=tuple(ctx.args),

@@ -18,7 +18,8 @@ from pathlib import Path
 from typing import Any
 
 from marsched.policy import CostModel, Policy, make_policy, parse_threshold
-from marsched.policy.registry import SIMULATOR_ONLY, simulator_only_reason
+from marsched.policy.program_rest import DEFAULT_REST, RestRule
+from marsched.policy.registry import SIMULATOR_ONLY, parse_rest, simulator_only_reason
 from marsched.policy.retention import DEFAULT_LIMIT_S, RetentionRule, parse_retention
 from marsched.predict import SegmentPredictor, parse_api_estimator, parse_length_predictor
 
@@ -75,6 +76,9 @@ class MarsConfig:
     # A request naming no conversation is a turn of the one whose finished turn its prompt continues
     # (`marsched.vllm.follow_ups`; needs vLLM's prefix caching, which computes the block hashes).
     infer_conversations: bool = True
+    # How a conversation's turns to come weigh in its key (`policy/program_rest.py`): gittins or mean,
+    # learnt from the programs that ended (over HTTP a program's rest is never known: no plan).
+    rest: str = DEFAULT_REST
     cost: CostSettings = field(default_factory=CostSettings)
     # A profile (bundled name or .json path, e.g. from `marsched calibrate`): its cost model
     # replaces `cost`, with vLLM's token budget. A relative path is read from the engine's
@@ -92,6 +96,18 @@ class MarsConfig:
             raise ValueError(f"marsched config 'policy': {self.policy} {simulator_only_reason(self.policy)}")
         self.build_policy(token_budget=1)
         self.retention_rule()
+        self.rest_rule()
+
+    def rest_rule(self) -> RestRule:
+        """The rule for a program's turns to come; ValueError naming the key."""
+        try:
+            rule = parse_rest(self.rest)
+        except ValueError as error:
+            raise ValueError(f"marsched config 'rest': {error}") from None
+        if rule is RestRule.PLAN:
+            raise ValueError("marsched config 'rest': over HTTP a program's turns to come are never known; "
+                             "give gittins or mean")
+        return rule
 
     # --- (de)serialization --------------------------------------------------------
 

@@ -16,6 +16,7 @@ from collections import OrderedDict
 from dataclasses import dataclass
 
 from marsched.policy.program import ProgramLengths, ProgramOutlook
+from marsched.policy.program_rest import RestRule
 from marsched.policy.progress import RequestProgress
 
 REMEMBERED = 100_000  # programs followed; the least recently seen is forgotten first
@@ -34,10 +35,13 @@ class ProgramRecord:
 
 
 class ProgramLedger:
-    def __init__(self, limit: int = REMEMBERED) -> None:
+    def __init__(self, limit: int = REMEMBERED, rest: RestRule = RestRule.MEAN) -> None:
         self._programs: OrderedDict[str, ProgramRecord] = OrderedDict()
         self._limit = limit
         self.lengths = ProgramLengths()
+        # GITTINS: a turn's key is the Gittins rank over its program's turns left, as in the
+        # simulator (`Policy.memory_time_form` with `RequestProgress.rest_counts`); MEAN: the mean.
+        self.rest = rest
 
     def turn_arrives(self, conversation: str, progress: RequestProgress, predicted_tokens: int) -> None:
         """A turn of `conversation` arrives (its reply predicted at `predicted_tokens`): it takes
@@ -53,6 +57,7 @@ class ProgramLedger:
         progress.attained_iterations += record.attained_iterations
         progress.attained_before_segment = progress.attained_iterations
         progress.program = self._outlook(record, predicted_tokens)
+        progress.rest_counts = self._counts(record)
 
     def adopt(self, conversation: str, prompt_tokens: int) -> None:
         """A request that arrived as no known program's turn (its conversation was not recognised
@@ -68,6 +73,11 @@ class ProgramLedger:
         record = self._programs.get(conversation)
         if record is not None and progress.program is not None:
             progress.program = self._outlook(record, predicted_tokens)
+            progress.rest_counts = self._counts(record)
+
+    def _counts(self, record: ProgramRecord) -> list[tuple[int, float]] | None:
+        """The turns-left distribution a Gittins rank is taken over, or None for the mean."""
+        return self.lengths.turns_left_counts(record.turns) if self.rest is RestRule.GITTINS else None
 
     def _outlook(self, record: ProgramRecord, predicted_tokens: int) -> ProgramOutlook:
         """A turn's outlook: the program's mean reply once a turn ended (else the prediction), and its mean growth."""

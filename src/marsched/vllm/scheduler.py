@@ -99,7 +99,7 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         self._keeper = ConversationKeeper(self.kv_cache_manager.block_pool, self.cache_config.block_size, self._swapper)
         self._gaps = GapEstimator()
         self._tools = ConversationTools()  # which tools each conversation's gaps follow
-        self._programs = ProgramLedger()
+        self._programs = ProgramLedger(rest=self.mars_config.rest_rule())
         # Conversations recognised from the prompt (`follow_ups.py`): vLLM hashes blocks with prefix caching on.
         self._follow_ups = (FollowUps() if self.mars_config.infer_conversations and self.cache_config.enable_prefix_caching
                             else None)
