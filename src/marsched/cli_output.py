@@ -7,6 +7,7 @@ import sys
 import warnings
 from collections.abc import Iterator
 from contextlib import contextmanager
+from pathlib import Path
 
 from rich import box
 from rich.console import Console
@@ -14,6 +15,7 @@ from rich.markup import escape
 from rich.measure import Measurement
 from rich.progress import BarColumn, MofNCompleteColumn, Progress, TextColumn, TimeElapsedColumn
 from rich.table import Table
+from rich.text import Text
 
 from marsched.workload.errors import TraceWarning
 
@@ -77,7 +79,9 @@ def _cells(r: dict) -> dict[str, str]:
 
 
 def _build_table(title: str, columns: tuple[str, ...], rows: list[dict[str, str]]) -> Table:
-    table = Table(title=title, header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False, padding=(0, 0, 0, 1))
+    # The title folds rather than ending in "...": it may name the trace and its token scale.
+    table = Table(title=Text(title, overflow="fold"), header_style="bold", box=box.SIMPLE_HEAD, pad_edge=False,
+                  padding=(0, 0, 0, 1))
     for column in columns:
         # Never narrower than the longest word of a cell: a number is shown whole or not at all
         # (`_tables` splits the table instead); headers and strategies wrap at spaces.
@@ -95,7 +99,7 @@ def _tables(records: list[dict], width: int) -> list[Table]:
     title = "end-to-end latency (s), time to first token (s)"
     scales = sorted({r.get("token_scale", 1.0) for r in records})
     if scales != [1.0]:  # the trace's lengths were scaled: say so wherever the numbers go
-        title += f" · {records[0]['trace']} tokens × {', '.join(f'{f:g}' for f in scales)}"
+        title += f" · {Path(records[0]['trace']).name} tokens × {', '.join(f'{f:g}' for f in scales)}"
     whole = _build_table(title, _COLUMNS, rows)
     if Measurement.get(console, console.options.update(width=10_000), whole).maximum <= width:
         return [whole]
