@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 from enum import Enum
 
 from marsched.policy.program import ProgramLengths, ProgramOutlook
+from marsched.predict.online import RunningMean
 from marsched.workload.model import Segment
 from marsched.workload.past import RequestPast
 
@@ -34,17 +35,7 @@ class RestRule(str, Enum):
 DEFAULT_REST = RestRule.GITTINS.value  # chosen by measurement (docs/policies.md, "The knowledge boundary")
 
 
-@dataclass(slots=True)
-class _Mean:
-    total: float = 0.0
-    count: float = 0.0
-
-    def add(self, value: float) -> None:
-        self.total += value
-        self.count += 1
-
-
-def _blend(own_total: float, own_count: int, prior: _Mean | None, fallback: float) -> float:
+def _blend(own_total: float, own_count: int, prior: RunningMean | None, fallback: float) -> float:
     """The request's own mean pulled toward its class's (`OWN_WEIGHT` segments' worth)."""
     class_mean = prior.total / prior.count if prior and prior.count else fallback
     return (own_total + OWN_WEIGHT * class_mean) / (own_count + OWN_WEIGHT)
@@ -53,14 +44,14 @@ def _blend(own_total: float, own_count: int, prior: _Mean | None, fallback: floa
 @dataclass
 class ProgramRest:
     _lengths: dict[str, ProgramLengths] = field(default_factory=dict)
-    _replies: dict[str, _Mean] = field(default_factory=dict)  # later segments' output tokens
-    _growth: dict[str, _Mean] = field(default_factory=dict)  # context added per segment
+    _replies: dict[str, RunningMean] = field(default_factory=dict)  # later segments' output tokens
+    _growth: dict[str, RunningMean] = field(default_factory=dict)  # context added per segment
 
     def ended(self, task_class: str, segments: Sequence[Segment]) -> None:
         """A request of `task_class` ended after `segments` (all of them in its past now)."""
         for key in dict.fromkeys((task_class, "")):  # its class, and every class (for a class not seen yet)
             self._lengths.setdefault(key, ProgramLengths()).ended(len(segments))
-            replies, growth = self._replies.setdefault(key, _Mean()), self._growth.setdefault(key, _Mean())
+            replies, growth = self._replies.setdefault(key, RunningMean()), self._growth.setdefault(key, RunningMean())
             for before, after in zip(segments, segments[1:]):
                 replies.add(after.output_tokens)
                 growth.add(after.context_tokens - before.context_tokens)

@@ -32,7 +32,9 @@ OWN_WEIGHT = 1.0  # the class mean counts as this many of the request's own repl
 
 
 @dataclass(slots=True)
-class _Mean:
+class RunningMean:
+    """A sum and a count, for a mean kept as values arrive."""
+
     total: float = 0.0
     count: float = 0.0
 
@@ -54,13 +56,13 @@ class OnlineLength:
 
     name: str = "online"
     knowable: bool = True
-    _by_class: dict[tuple[str, str], _Mean] = field(default_factory=dict)
-    _by_position: dict[str, _Mean] = field(default_factory=dict)
+    _by_class: dict[tuple[str, str], RunningMean] = field(default_factory=dict)
+    _by_position: dict[str, RunningMean] = field(default_factory=dict)
 
     def class_mean(self, past: RequestPast) -> float:
         position = _position(past)
         # No segment of this position served yet: the other position's mean, else the prior.
-        overall = self._by_position.get(position) or next(iter(self._by_position.values()), _Mean())
+        overall = self._by_position.get(position) or next(iter(self._by_position.values()), RunningMean())
         known = self._by_class.get((past.task_class, position))
         return known.mean(overall.mean(PRIOR_TOKENS)) if known else overall.mean(PRIOR_TOKENS)
 
@@ -75,8 +77,8 @@ class OnlineLength:
     def observe_output(self, past: RequestPast, output_tokens: int) -> None:
         """The segment that started with `past` generated `output_tokens`."""
         position = _position(past)
-        self._by_class.setdefault((past.task_class, position), _Mean()).add(output_tokens)
-        self._by_position.setdefault(position, _Mean()).add(output_tokens)
+        self._by_class.setdefault((past.task_class, position), RunningMean()).add(output_tokens)
+        self._by_position.setdefault(position, RunningMean()).add(output_tokens)
 
 
 @dataclass
@@ -85,10 +87,10 @@ class PastMeanApi:
 
     name: str = "past-mean"
     knowable: bool = True
-    _log_durations: dict[str, _Mean] = field(default_factory=dict)
-    _returns: dict[str, _Mean] = field(default_factory=dict)
+    _log_durations: dict[str, RunningMean] = field(default_factory=dict)
+    _returns: dict[str, RunningMean] = field(default_factory=dict)
 
-    def _pool(self, pools: dict[str, _Mean], kind: str) -> _Mean | None:
+    def _pool(self, pools: dict[str, RunningMean], kind: str) -> RunningMean | None:
         return pools.get(kind) or pools.get("")
 
     def estimate_past(self, past: RequestPast) -> ApiEstimate:
@@ -103,11 +105,11 @@ class PastMeanApi:
 
     def observe(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None:
         for kind in (api_type.value, ""):  # the tool's pool and the pool of every tool
-            self._log_durations.setdefault(kind, _Mean()).add(math.log(max(duration_s, SHORTEST_S)))
-            self._returns.setdefault(kind, _Mean()).add(return_tokens)
+            self._log_durations.setdefault(kind, RunningMean()).add(math.log(max(duration_s, SHORTEST_S)))
+            self._returns.setdefault(kind, RunningMean()).add(return_tokens)
 
     def declare(self, api_type: ApiType, duration_s: float, return_tokens: int) -> None:
         """A tool's stated expectation counts as one call of it, until calls of it are seen."""
         if api_type.value not in self._log_durations:
-            self._log_durations[api_type.value] = _Mean(math.log(max(duration_s, SHORTEST_S)), 1.0)
-            self._returns[api_type.value] = _Mean(float(return_tokens), 1.0)
+            self._log_durations[api_type.value] = RunningMean(math.log(max(duration_s, SHORTEST_S)), 1.0)
+            self._returns[api_type.value] = RunningMean(float(return_tokens), 1.0)
