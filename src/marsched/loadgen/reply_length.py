@@ -49,6 +49,16 @@ PROCESSOR = f"{__name__}:BenchReplyLength"
 MAX_STOP_IDS = 8  # per request: EOS and the model's other end ids (Llama 3 has three)
 
 
+def move_rows(rows: dict[int, Any], moved: Any) -> None:
+    """Follow vLLM's batch moves (`BatchUpdate.moved`: from, to, direction) in a per-row dict."""
+    for a, b, direction in moved:
+        a_row, b_row = rows.pop(a, None), rows.pop(b, None)
+        if a_row is not None:
+            rows[b] = a_row
+        if b_row is not None and direction == MoveDirectionality.SWAP:
+            rows[a] = b_row
+
+
 def stop_ids(sampling_params: Any) -> tuple[int, ...]:
     """The request's stop token ids, the one to force first: its EOS, else its lowest stop id; () when
     it has none (e.g. `ignore_eos`), and then nothing can be forced."""
@@ -118,12 +128,7 @@ class BenchReplyLength(V1LogitsProcessor, V2LogitsProcessor):  # type: ignore[mi
                 self._rows[index] = (target, output_ids, ids)
             else:
                 self._rows.pop(index, None)
-        for a, b, direction in batch_update.moved:
-            a_row, b_row = self._rows.pop(a, None), self._rows.pop(b, None)
-            if a_row is not None:
-                self._rows[b] = a_row
-            if b_row is not None and direction == MoveDirectionality.SWAP:
-                self._rows[a] = b_row
+        move_rows(self._rows, batch_update.moved)
 
     def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
         if self._v2:

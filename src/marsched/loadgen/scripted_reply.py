@@ -33,9 +33,9 @@ from pathlib import Path
 from typing import Any
 
 import torch
-from vllm.v1.sample.logits_processor import LogitsProcessor, MoveDirectionality
+from vllm.v1.sample.logits_processor import LogitsProcessor
 
-from marsched.loadgen.reply_length import stop_ids
+from marsched.loadgen.reply_length import move_rows, stop_ids
 
 SCRIPT_ENV = "MARSCHED_SCRIPTED_REPLIES"
 PROCESSOR = f"{__name__}:ScriptedReply"
@@ -98,12 +98,7 @@ class ScriptedReply(LogitsProcessor):
                 continue
             turn = self.script.reply_for(self.tokenizer.decode(prompt_ids))
             self._rows[index] = (self.reply_ids[turn], output_ids, ends[0])
-        for a, b, direction in batch_update.moved:
-            a_row, b_row = self._rows.pop(a, None), self._rows.pop(b, None)
-            if a_row is not None:
-                self._rows[b] = a_row
-            if b_row is not None and direction == MoveDirectionality.SWAP:
-                self._rows[a] = b_row
+        move_rows(self._rows, batch_update.moved)
 
     def apply(self, logits: torch.Tensor, ctx: Any = None) -> torch.Tensor:
         for index, (reply, output_ids, eos) in self._rows.items():
