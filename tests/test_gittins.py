@@ -99,3 +99,58 @@ def test_turns_left_from_distinct_counts_is_the_conditional_mean_over_every_prog
     kept = sorted(ended[-7:])  # the latest `limit`
     for so_far in range(0, 11):
         assert lengths.turns_left(so_far) == pytest.approx(expected_turns_left(kept, so_far))
+
+
+def test_a_horizon_short_of_the_longest_programs_prices_their_second_moment():
+    # Most programs end within 1 turn, a few go on to 30: the rank stops at 1, where the long
+    # ones still count one turn each (E[min(N, 1)²] takes them in).
+    counts = [(0, 5.0), (1, 5.0), (30, 1.0)]
+    outlook = gittins_outlook(counts, 5000.0, 1000, 20.0, 100.0, TAU)
+    assert outlook.completion == pytest.approx(10 / 11)
+    assert outlook.turns_left == pytest.approx((5 * 1 + 1 * 1) / 11)
+    assert outlook.turns_left_sq == pytest.approx((5 * 1 + 1 * 1) / 11)
+
+
+def test_thinned_horizons_are_spread_by_weight_and_the_best_may_lie_past_a_skipped_one():
+    many = [(n, 1.0) for n in range(96)]  # twice MAX_HORIZONS: every other count, and the last
+    assert horizons(many) == list(range(1, 96, 2))
+    heavy_first = [(0, 48.0)] + [(n, 1.0) for n in range(1, 60)]
+    chosen = horizons(heavy_first)
+    assert chosen[0] == 0 and chosen[-1] == 59 and len(chosen) <= MAX_HORIZONS + 1
+    # The rank is taken over the chosen horizons only, skipped ones in between.
+    counts = [(n, 1.0) for n in range(100)]
+    best = gittins_outlook(counts, 0.0, 100, 1.0, 1.0, TAU)
+    ranks = []
+    for index in horizons(counts):
+        turns = counts[index][0]
+        below = counts[:index + 1]
+        beyond = len(counts) - len(below)
+        candidate = ProgramOutlook((sum(t for t, _ in below) + beyond * turns) / 100, 1.0, 1.0,
+                                   (sum(t * t for t, _ in below) + beyond * turns * turns) / 100, len(below) / 100)
+        ranks.append((_rank(candidate, 0.0, 100), candidate))
+    assert best == min(ranks, key=lambda r: r[0])[1]
+
+
+def test_each_class_learns_from_its_own_requests_and_a_new_class_from_all():
+    rest = ProgramRest()
+    math, qa = ApiCall(ApiType.MATH, 0.1, 10), ApiCall(ApiType.QA, 1.0, 300)
+    for _ in range(4):
+        rest.ended("math", build_request("m", 100, [(20, math), (40, math), (40, None)]).segments)
+        rest.ended("qa", build_request("q", 100, [(20, qa), (400, qa), (400, qa), (400, None)]).segments)
+    first = lambda cls: RequestPast(f"{cls}-1", cls, 100, 100, ())  # noqa: E731
+    math_outlook, _ = rest.outlook(first("math"), predicted_tokens=7)
+    qa_outlook, _ = rest.outlook(first("qa"), predicted_tokens=7)
+    new_outlook, _ = rest.outlook(first("tts"), predicted_tokens=7)
+    assert math_outlook.output_tokens == pytest.approx((0 + 40) / 1)  # no own replies: its class's mean
+    assert qa_outlook.output_tokens == pytest.approx(400)
+    # Growth per segment: its reply and the call's return (math 30 and 50; qa 320, 700, 700).
+    assert math_outlook.growth_tokens == pytest.approx(40) and qa_outlook.growth_tokens == pytest.approx(1720 / 3)
+    assert math_outlook.turns_left < qa_outlook.turns_left
+    assert new_outlook.output_tokens == pytest.approx((4 * 2 * 40 + 4 * 3 * 400) / (4 * 2 + 4 * 3))  # every class
+    assert rest.lengths("tts") is rest.lengths("")
+    assert len(ProgramRest().lengths("x")) == 0  # nothing ended yet: an empty history, not an error
+    # A request's own later replies count, its first segment's does not.
+    own = build_request("o", 100, [(900, math), (10, math), (30, math), (5, None)])
+    outlook, _ = rest.outlook(RequestPast.of(own, 3), predicted_tokens=7)
+    assert outlook.output_tokens == pytest.approx((10 + 30 + 256) / 3)  # its class "" is every class: 256
+    assert call_chance([]) == 1.0
