@@ -147,6 +147,7 @@ def test_each_class_learns_from_its_own_requests_and_a_new_class_from_all():
     assert math_outlook.growth_tokens == pytest.approx(40) and qa_outlook.growth_tokens == pytest.approx(1720 / 3)
     assert math_outlook.turns_left < qa_outlook.turns_left
     assert new_outlook.output_tokens == pytest.approx((4 * 2 * 40 + 4 * 3 * 400) / (4 * 2 + 4 * 3))  # every class
+    assert new_outlook.growth_tokens == pytest.approx((4 * 80 + 4 * 1720) / (4 * 2 + 4 * 3))  # every class's
     assert rest.lengths("tts") is rest.lengths("")
     assert len(ProgramRest().lengths("x")) == 0  # nothing ended yet: an empty history, not an error
     # A request's own later replies count, its first segment's does not.
