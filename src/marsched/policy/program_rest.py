@@ -32,7 +32,7 @@ class RestRule(str, Enum):
     GITTINS = "gittins"  # the Gittins rank over the turns-left distribution (`gittins.py`)
 
 
-DEFAULT_REST = RestRule.GITTINS.value  # chosen by measurement (docs/policies.md, "The knowledge boundary")
+DEFAULT_REST = RestRule.GITTINS.value  # chosen by measurement (docs/results.md, "The knowledge boundary")
 
 
 def _blend(own_total: float, own_count: int, prior: RunningMean | None, fallback: float) -> float:
