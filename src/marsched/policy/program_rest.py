@@ -37,8 +37,8 @@ DEFAULT_REST = RestRule.GITTINS.value  # chosen by measurement (docs/results.md,
 
 def _blend(own_total: float, own_count: int, prior: RunningMean | None, fallback: float) -> float:
     """The request's own mean pulled toward its class's (`OWN_WEIGHT` segments' worth)."""
-    class_mean = prior.total / prior.count if prior and prior.count else fallback
-    return (own_total + OWN_WEIGHT * class_mean) / (own_count + OWN_WEIGHT)
+    class_mean = prior.mean(fallback) if prior else fallback
+    return RunningMean(own_total, own_count).shrunk(class_mean, OWN_WEIGHT)
 
 
 @dataclass

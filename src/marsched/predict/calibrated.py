@@ -34,31 +34,13 @@ import math
 from collections.abc import Mapping, Sequence
 from dataclasses import dataclass, field
 
-from marsched.predict.online import OnlineLength
+from marsched.predict.online import OnlineLength, RunningMean, position_of
 from marsched.workload.model import Request
 from marsched.workload.past import RequestPast
 
 MAX_FACTOR = 100.0  # a ratio, and the factor, are clipped to [1/MAX_FACTOR, MAX_FACTOR]
 PRIOR_WEIGHT = 3.0  # the prior factor (the parent's, at the root 1) counts as this many observations
 CLASS_WEIGHT = 2.0  # the class's factor counts as this many of the request's own ratios
-
-
-@dataclass(slots=True)
-class _LogMean:
-    total: float = 0.0
-    count: float = 0.0
-
-    def add(self, value: float) -> None:
-        self.total += value
-        self.count += 1
-
-    def shrunk(self, prior: float, weight: float) -> float:
-        """The mean, with `prior` counted as `weight` observations."""
-        return (self.total + weight * prior) / (self.count + weight)
-
-
-def _position(past: RequestPast) -> str:
-    return "first" if not past.done else "later"
 
 
 @dataclass
@@ -77,8 +59,8 @@ class CalibratedLength:
     class_weight: float = CLASS_WEIGHT
     knowable: bool = True
     online: OnlineLength = field(default_factory=OnlineLength)
-    _by_class: dict[tuple[str, str], _LogMean] = field(default_factory=dict)
-    _by_position: dict[str, _LogMean] = field(default_factory=dict)
+    _by_class: dict[tuple[str, str], RunningMean] = field(default_factory=dict)
+    _by_position: dict[str, RunningMean] = field(default_factory=dict)
 
     def __post_init__(self) -> None:
         if not self.max_factor >= 1 or not math.isfinite(self.max_factor):
@@ -112,9 +94,9 @@ class CalibratedLength:
 
     def class_log_factor(self, past: RequestPast) -> float:
         """The log factor of the request's class and position: shrunk to the position's, shrunk to 0."""
-        position = _position(past)
-        parent = self._by_position.get(position, _LogMean()).shrunk(0.0, self.prior_weight)
-        return self._by_class.get((past.task_class, position), _LogMean()).shrunk(parent, self.prior_weight)
+        position = position_of(past)
+        parent = self._by_position.get(position, RunningMean()).shrunk(0.0, self.prior_weight)
+        return self._by_class.get((past.task_class, position), RunningMean()).shrunk(parent, self.prior_weight)
 
     def factor(self, past: RequestPast) -> float:
         """What the head's estimate for the current segment is multiplied by."""
@@ -142,6 +124,6 @@ class CalibratedLength:
         if estimate is None:
             return
         ratio = self._log_ratio(output_tokens, estimate)
-        position = _position(past)
-        self._by_class.setdefault((past.task_class, position), _LogMean()).add(ratio)
-        self._by_position.setdefault(position, _LogMean()).add(ratio)
+        position = position_of(past)
+        self._by_class.setdefault((past.task_class, position), RunningMean()).add(ratio)
+        self._by_position.setdefault(position, RunningMean()).add(ratio)

@@ -45,8 +45,13 @@ class RunningMean:
     def mean(self, default: float) -> float:
         return self.total / self.count if self.count else default
 
+    def shrunk(self, prior: float, weight: float) -> float:
+        """The mean, with `prior` counted as `weight` observations."""
+        return (self.total + weight * prior) / (self.count + weight)
 
-def _position(past: RequestPast) -> str:
+
+def position_of(past: RequestPast) -> str:
+    """The position predictions are grouped by: a request's first segment, or a later one."""
     return "first" if not past.done else "later"
 
 
@@ -60,7 +65,7 @@ class OnlineLength:
     _by_position: dict[str, RunningMean] = field(default_factory=dict)
 
     def class_mean(self, past: RequestPast) -> float:
-        position = _position(past)
+        position = position_of(past)
         # No segment of this position served yet: the other position's mean, else the prior.
         overall = self._by_position.get(position) or next(iter(self._by_position.values()), RunningMean())
         known = self._by_class.get((past.task_class, position))
@@ -69,14 +74,14 @@ class OnlineLength:
     def predict_past(self, past: RequestPast) -> int:
         mean = self.class_mean(past)
         own = [s.output_tokens for s in past.done]
-        return max(1, round((sum(own) + OWN_WEIGHT * mean) / (len(own) + OWN_WEIGHT)))
+        return max(1, round(RunningMean(sum(own), len(own)).shrunk(mean, OWN_WEIGHT)))
 
     def predict(self, request: Request, segment_index: int) -> int:
         return self.predict_past(RequestPast.of(request, segment_index))
 
     def observe_output(self, past: RequestPast, output_tokens: int) -> None:
         """The segment that started with `past` generated `output_tokens`."""
-        position = _position(past)
+        position = position_of(past)
         self._by_class.setdefault((past.task_class, position), RunningMean()).add(output_tokens)
         self._by_position.setdefault(position, RunningMean()).add(output_tokens)
 
