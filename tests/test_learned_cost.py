@@ -1,0 +1,125 @@
+"""The cost model a server learns by itself (`marsched.policy.learned_cost`): pure, on synthetic steps."""
+
+from __future__ import annotations
+
+import math
+import random
+
+import pytest
+
+from marsched.policy.cost_model import CostModel, attention_pairs
+from marsched.policy.learned_cost import (
+    CostSource, LearnedCost, LearnSettings, StepShape, StepTimeFit, SwapRateFit, terms_of,
+)
+
+PLACEHOLDER = CostModel(2e-5, 0.01, 2048, 1e6)
+TRUE = (4e-3, 1.5e-4, 2e-7, 3e-4, 5e-8)  # c, a, b, d, e: far from the placeholders
+
+
+def _served_steps(count: int, rng: random.Random) -> list[StepShape]:
+    """Steps like a server's: mostly decode batches of varying size and context, some prefills."""
+    shapes = []
+    for _ in range(count):
+        if rng.random() < 0.2:  # a prefill chunk, maybe beside a few decoding sequences
+            n, cached, decoding = rng.randint(16, 1024), rng.choice([0, 0, 256]), rng.randint(0, 4)
+            contexts = [rng.randint(32, 2048) for _ in range(decoding)]
+            shapes.append(StepShape(n + decoding, cached + n + sum(contexts), 1 + decoding,
+                                    attention_pairs(n, cached) + sum(contexts)))
+        else:
+            contexts = [rng.randint(32, 2048) for _ in range(rng.randint(1, 32))]
+            shapes.append(StepShape(len(contexts), sum(contexts), len(contexts), sum(contexts)))
+    return shapes
+
+
+def _time(terms: tuple[float, ...], shape: StepShape) -> float:
+    return sum(t * x for t, x in zip(terms, shape.row()))
+
+
+def test_recovers_known_constants_from_noisy_steps():
+    rng = random.Random(0)
+    fit = StepTimeFit(terms_of(PLACEHOLDER))
+    for shape in _served_steps(3000, rng):
+        fit.observe(shape, _time(TRUE, shape) * math.exp(rng.gauss(0, 0.05)))  # 5% noise
+    c, a, b, d, e = fit.fit()
+    assert fit.learned
+    assert c == pytest.approx(TRUE[0], rel=0.1)
+    assert a == pytest.approx(TRUE[1], rel=0.1)
+    assert d == pytest.approx(TRUE[3], rel=0.15)
+    assert e == pytest.approx(TRUE[4], rel=0.15)
+    assert b == pytest.approx(TRUE[2], abs=1e-7)  # small beside d's and e's share of a decode step
+    # What the ranking sees: a decode step of 16 sequences at 1k context, a 512-token prefill.
+    for shape in (StepShape(16, 16_384, 16, 16_384), StepShape(512, 512, 1, attention_pairs(512, 0))):
+        assert _time(fit.terms, shape) == pytest.approx(_time(TRUE, shape), rel=0.03)
+
+
+def test_stays_at_the_prior_with_too_few_steps():
+    settings = LearnSettings(min_steps=32)
+    learned = LearnedCost(PLACEHOLDER, CostSource.PLACEHOLDER, CostSource.PLACEHOLDER, settings)
+    rng = random.Random(1)
+    for shape in _served_steps(31, rng):
+        assert not learned.observe_step(shape, _time(TRUE, shape))
+    assert learned.cost == PLACEHOLDER
+    assert learned.snapshot()["step_source"] == "placeholder"
+    assert learned.snapshot()["steps"] == 31
+    shape = _served_steps(1, rng)[0]
+    assert learned.observe_step(shape, _time(TRUE, shape))  # the 32nd: the fit takes over
+    assert learned.snapshot()["step_source"] == "learned"
+    assert learned.cost.seconds_per_iteration != PLACEHOLDER.seconds_per_iteration
+
+
+def test_early_estimates_are_not_wild():
+    """One step shape only (a lone request decoding): the traffic does not separate c, a, d, b and e,
+    so the fit predicts that shape well and moves the rest no further than the prior lets it."""
+    fit = StepTimeFit(terms_of(PLACEHOLDER), LearnSettings(min_steps=8))
+    for i in range(100):
+        shape = StepShape(1, 100 + i % 40, 1, 100 + i % 40)
+        fit.observe(shape, _time(TRUE, shape))
+    assert _time(fit.terms, StepShape(1, 120, 1, 120)) == pytest.approx(_time(TRUE, StepShape(1, 120, 1, 120)), rel=0.05)
+    assert all(t >= 0 for t in fit.terms)
+    assert all(t < 0.1 for t in fit.terms)  # nothing swings past a tenth of a second
+
+
+def test_constants_are_never_negative():
+    fit = StepTimeFit(terms_of(PLACEHOLDER), LearnSettings(min_steps=4))
+    rng = random.Random(2)
+    for shape in _served_steps(200, rng):  # time falls with context: an unconstrained b would be < 0
+        fit.observe(shape, max(0.02 + 1e-4 * shape.tokens - 1e-7 * shape.context_tokens, 1e-3))
+    assert all(t >= 0 for t in fit.terms)
+
+
+def test_a_passed_profile_or_constants_are_never_overridden():
+    profile = CostModel(1e-4, 5e-3, 2048, 3e5, seconds_per_context_token=1e-8)
+    for source in (CostSource.PROFILE, CostSource.CONFIGURED):
+        learned = LearnedCost(profile, source, source, LearnSettings(min_steps=1, min_swap_blocks=1))
+        assert not learned.learning
+        for shape in _served_steps(100, random.Random(3)):
+            assert not learned.observe_step(shape, _time(TRUE, shape))
+        assert not learned.observe_copies(64, 64 * 16, 0.01)
+        assert learned.cost == profile
+        snap = learned.snapshot()
+        assert (snap["step_source"], snap["swap_source"], snap["steps"]) == (source.value, source.value, 0)
+
+
+def test_swap_rate_from_measured_copies():
+    learned = LearnedCost(PLACEHOLDER, CostSource.CONFIGURED, CostSource.PLACEHOLDER, LearnSettings(min_swap_blocks=4))
+    assert not learned.observe_copies(2, 32, 0.001)  # 2 blocks: too few
+    assert learned.cost.swap_tokens_per_s == 1e6
+    assert learned.observe_copies(6, 96, 0.009)
+    assert learned.cost.swap_tokens_per_s == pytest.approx(128 / 0.01)
+    assert learned.snapshot()["swap_source"] == "learned"
+    assert learned.snapshot()["step_source"] == "configured"
+    assert learned.cost.seconds_per_token == PLACEHOLDER.seconds_per_token  # the step terms as given
+
+
+def test_bad_input_is_named():
+    fit = StepTimeFit(terms_of(PLACEHOLDER))
+    with pytest.raises(ValueError, match="finite number > 0"):
+        fit.observe(StepShape(1, 1, 1), 0.0)
+    with pytest.raises(ValueError, match="counts must be >= 0"):
+        fit.observe(StepShape(-1, 1, 1), 0.01)
+    with pytest.raises(ValueError, match="min_steps"):
+        LearnSettings(min_steps=0)
+    with pytest.raises(ValueError, match="prior"):
+        StepTimeFit((1.0, -1.0, 0, 0, 0))
+    with pytest.raises(ValueError, match="swap-rate prior"):
+        SwapRateFit(0.0)
