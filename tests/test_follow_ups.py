@@ -7,7 +7,7 @@ from __future__ import annotations
 import hashlib
 import time
 
-from marsched.vllm.follow_ups import FollowUps, PendingTurn, still_cached, turn_keys
+from marsched.vllm.follow_ups import FollowUps, PendingTurn, TurnKey, prompt_tail, still_cached, turn_keys
 
 BLOCK = 4
 SYSTEM = list(range(100, 112))  # three blocks of system prompt, the same in every conversation
@@ -23,7 +23,13 @@ def hashes(tokens: list[int]) -> list[bytes]:
 
 
 def finish(follow: FollowUps, conversation: str, prompt: list[int], reply: list[int], t: float = 0.0) -> None:
-    follow.finished(conversation, len(prompt), len(hashes(prompt)), hashes(prompt + reply), t)
+    blocks = len(hashes(prompt))
+    follow.finished(conversation, len(prompt), blocks, hashes(prompt + reply), t,
+                    prompt_tail(prompt, len(prompt), blocks, BLOCK))
+
+
+def match(follow: FollowUps, tokens: list[int]) -> str | None:
+    return follow.match(hashes(tokens), len(tokens), tokens)
 
 
 def test_a_follow_up_matches_its_conversation_by_the_reply_or_the_prompt():
@@ -31,9 +37,9 @@ def test_a_follow_up_matches_its_conversation_by_the_reply_or_the_prompt():
     prompt, reply = SYSTEM + [1, 2, 3, 4, 5], [6, 7, 8, 9, 10, 11]
     finish(follow, "a", prompt, reply)
     as_sent = prompt + reply + [50, 51, 52, 53, 54]  # the reply re-sent as written, then the tool's result
-    assert follow.match(hashes(as_sent), len(as_sent)) == "a"
+    assert match(follow, as_sent) == "a"
     rewritten = prompt + [9, 9, 9, 9, 9, 9, 9, 9]  # the template wrote the reply back otherwise
-    assert follow.match(hashes(rewritten), len(rewritten)) == "a"
+    assert match(follow, rewritten) == "a"
     assert follow.matched == 2
 
 
@@ -45,10 +51,10 @@ def test_conversations_with_the_same_system_prompt_never_match_each_other():
     for user in range(50):
         finish(follow, f"c{user}", SYSTEM + [user, 0, 0, 0], reply)
     stranger = SYSTEM + [999, 0, 0, 0] + reply + [50, 51, 52, 53]
-    assert follow.match(hashes(stranger), len(stranger)) is None
+    assert match(follow, stranger) is None
     for user in range(50):
         mine = SYSTEM + [user, 0, 0, 0] + reply + [50, 51, 52, 53]
-        assert follow.match(hashes(mine), len(mine)) == f"c{user}"
+        assert match(follow, mine) == f"c{user}"
     assert follow.ambiguous == 0
 
 
@@ -58,7 +64,7 @@ def test_the_same_history_in_two_conversations_matches_neither():
     finish(follow, "a", prompt, reply)
     finish(follow, "b", prompt, reply)
     tokens = prompt + reply + [9, 9, 9, 9]
-    assert follow.match(hashes(tokens), len(tokens)) is None
+    assert match(follow, tokens) is None
     assert follow.ambiguous == 1
 
 
@@ -67,13 +73,13 @@ def test_the_same_prompt_again_continues_nothing():
     follow = FollowUps()
     prompt = SYSTEM + [1, 2, 3, 4, 5]
     finish(follow, "a", prompt, [6, 7, 8, 9, 10, 11])
-    assert follow.match(hashes(prompt), len(prompt)) is None
+    assert match(follow, prompt) is None
     shorter = SYSTEM
-    assert follow.match(hashes(shorter), len(shorter)) is None
+    assert match(follow, shorter) is None
     short_reply = SYSTEM + [7, 7, 7, 7]  # a reply that fills no block: its end is the prompt's last block
     finish(follow, "b", short_reply, [5, 6])
-    assert follow.match(hashes(short_reply), len(short_reply)) is None
-    assert follow.match(hashes(short_reply + [5, 6, 7]), len(short_reply) + 3) == "b"
+    assert match(follow, short_reply) is None
+    assert match(follow, short_reply + [5, 6, 7]) == "b"
 
 
 def test_a_later_turn_replaces_the_earlier_and_turns_expire():
@@ -82,8 +88,8 @@ def test_a_later_turn_replaces_the_earlier_and_turns_expire():
     finish(follow, "a", first, reply, t=0.0)
     second = first + reply + [3, 3, 3, 3]
     finish(follow, "a", second, [4, 4, 4, 4], t=5.0)
-    assert follow.match(hashes(first + reply + [8, 8, 8, 8]), 16 + 4) is None  # the old turn is gone
-    assert len(follow) == 1 and not follow._owners.keys() - {k for k, _ in follow._turns["a"].keys}
+    assert match(follow, first + reply + [8, 8, 8, 8]) is None  # the old turn is gone
+    assert len(follow) == 1 and not follow._owners.keys() - {k.hash for k in follow._turns["a"].keys}
     finish(follow, "b", SYSTEM + [7, 7, 7, 7], [2, 2, 2, 2], t=8.0)
     assert follow.expire(14.0) == []
     assert follow.expire(15.0) == ["a"]
@@ -96,14 +102,28 @@ def test_the_least_recent_turns_go_first_past_the_limit():
         finish(follow, name, SYSTEM + [ord(name)] * 4, [1, 1, 1, 1])
     assert list(follow._turns) == ["b", "c"]
     tokens = SYSTEM + [ord("a")] * 4 + [1, 1, 1, 1, 5, 5, 5, 5]
-    assert follow.match(hashes(tokens), len(tokens)) is None
+    assert match(follow, tokens) is None
 
 
 def test_turn_keys():
     h = [b"a", b"b", b"c"]
-    assert turn_keys(9, 2, h) == ((b"c", 9), (b"b", 9))
-    assert turn_keys(12, 3, h) == ((b"c", 12),)  # the reply filled no block
+    assert turn_keys(9, 2, h, [7]) == (TurnKey(b"c", 9), TurnKey(b"b", 9, [7]))  # the reply's end covers the prompt
+    assert turn_keys(13, 3, h, [7]) == (TurnKey(b"c", 13, [7]),)  # the reply filled no block
     assert turn_keys(1, 0, []) == ()
+
+
+def test_a_first_message_in_the_prompts_tail_is_checked_token_by_token():
+    """The whole first user message (and the reply) fit in the prompt's last, partial block: the
+    prompt's last full block is the shared system prompt's, which any conversation holds."""
+    follow = FollowUps()
+    finish(follow, "a", SYSTEM + [1, 2], [3])  # no block past the system prompt is full
+    stranger = SYSTEM + [9, 9, 9, 9, 9, 9]  # longer, the same system prompt, another first message
+    assert match(follow, stranger) is None
+    assert follow.match(hashes(stranger), len(stranger)) is None  # no tokens to check: no match
+    assert match(follow, SYSTEM + [1, 2, 3, 8, 8]) == "a"
+    finish(follow, "b", SYSTEM + [5, 6, 7], [8, 8])  # the reply's end is full, the prompt's is not
+    assert match(follow, SYSTEM + [5, 6, 7, 4, 4, 4, 4]) == "b"  # the reply rewritten: the prompt's end and tail
+    assert match(follow, SYSTEM + [5, 6, 0, 4, 4, 4, 4]) is None
 
 
 def test_a_pending_turn_is_taken_once_by_its_rid_and_dropped_by_its_follow_up():

@@ -31,7 +31,7 @@ from vllm.v1.request import Request, RequestStatus
 
 from marsched.policy import EngineLoad, Strategy
 from marsched.policy.retention import GapSource, RetentionMode
-from marsched.vllm.follow_ups import INFERRED_PREFIX, PendingTurn, still_cached
+from marsched.vllm.follow_ups import INFERRED_PREFIX, PendingTurn, prompt_tail, still_cached
 from marsched.vllm.retention import RELEASE_PREFIX
 from marsched.vllm.signals import wake_engine
 from marsched.vllm.stop_strings import STOPPED_PREFIX, split_marked
@@ -116,7 +116,7 @@ class ConversationSteps:
         if self._follow_ups is None:
             return False
         hashes = request.block_hashes
-        conversation = self._follow_ups.match(hashes, request.num_prompt_tokens)
+        conversation = self._follow_ups.match(hashes, request.num_prompt_tokens, request.prompt_token_ids)
         tracked.inferred, tracked.prompt_blocks = True, len(hashes)
         tracked.conversation = conversation or INFERRED_PREFIX + request.request_id
         if conversation is not None:
@@ -128,7 +128,9 @@ class ConversationSteps:
         and its blocks wait in vLLM's prefix cache for the word that its reply called tools."""
         now = time.monotonic()
         conversation = tracked.conversation
-        self._follow_ups.finished(conversation, tracked.prompt_tokens, tracked.prompt_blocks, request.block_hashes, now)
+        tail = prompt_tail(request.all_token_ids, tracked.prompt_tokens, tracked.prompt_blocks, self.cache_config.block_size)
+        self._follow_ups.finished(conversation, tracked.prompt_tokens, tracked.prompt_blocks, request.block_hashes, now,
+                                  list(tail))
         self._keeper.ended(conversation, now)
         self._tools.ended(conversation)
         self._programs.adopt(conversation, tracked.prompt_tokens)

@@ -18,7 +18,11 @@ each mapping to its conversation:
 A new request looks its own hashes up from its longest prefix down and stops at the first one
 remembered (`match`): a follow-up finds its previous turn after the few blocks of its tool result.
 Either matches only a request longer than the turn's prompt: the same prompt sent again (a retry,
-or another conversation replaying the same history) continues nothing. A hash remembered
+or another conversation replaying the same history) continues nothing. A hash that ends short of
+the prompt's end (the prompt's own end, or a reply that filled no block) leaves the prompt's last
+tokens, its tail (fewer than a block), unhashed: there the request's tokens at those positions are
+compared with the tail, at most a block of them. Without it, a short first message after a shared
+system prompt, all of it in the tail, matched any longer request with that system prompt. A hash remembered
 by several conversations (the same whole history, through that block) is ambiguous and matches none: two conversations are never merged unless nothing in their tokens
 tells them apart. Conversations that share a system prompt differ from their first user
 message on, so neither end of one is ever a prefix of the other's follow-up.
@@ -50,11 +54,27 @@ PENDING_S = 60.0  # how long a finished turn waits for the API server's word on 
 PENDING_KEPT = 10_000
 
 
+@dataclass(frozen=True, slots=True)
+class TurnKey:
+    """A hash a finished turn is remembered by, and what a request holding it must also show."""
+
+    hash: bytes
+    shorter: int  # the turn's prompt tokens: a follow-up has more
+    tail: Sequence[Any] = ()  # the prompt's tokens past this hash, which the follow-up holds at the same positions
+
+    def continued_by(self, size: int, tokens: Sequence[Any] | None) -> bool:
+        if size <= self.shorter:
+            return False
+        if not self.tail:
+            return True
+        return tokens is not None and tokens[self.shorter - len(self.tail):self.shorter] == self.tail
+
+
 @dataclass(slots=True)
 class FinishedTurn:
     conversation: str
     end_t: float
-    keys: tuple[tuple[bytes, int], ...]  # the hashes it is remembered by, each with the tokens a request must exceed
+    keys: tuple[TurnKey, ...]  # the hashes it is remembered by
 
 
 @dataclass(slots=True)
@@ -82,16 +102,22 @@ def still_cached(blocks: Sequence[Any], hashes: Sequence[Any]) -> list[Any]:
     return kept
 
 
-def turn_keys(prompt_tokens: int, prompt_blocks: int, hashes: Sequence[bytes]) -> tuple[tuple[bytes, int], ...]:
-    """The hashes a finished turn is remembered by, each with the prompt tokens a follow-up must
-    exceed (a follow-up is longer than the prompt it continues): its reply's end and its prompt's
-    end; one when the reply filled no block, none when not a block is full."""
+def turn_keys(prompt_tokens: int, prompt_blocks: int, hashes: Sequence[bytes],
+              tail: Sequence[Any] = ()) -> tuple[TurnKey, ...]:
+    """The hashes a finished turn is remembered by: its reply's end and its prompt's end; one when
+    the reply filled no block, none when not a block is full. `tail`: the prompt's tokens past its
+    last full block, which a key short of the prompt's end checks (`TurnKey.continued_by`)."""
     keys = []
     if hashes:
-        keys.append((hashes[-1], prompt_tokens))
+        keys.append(TurnKey(hashes[-1], prompt_tokens, tail if len(hashes) <= prompt_blocks else ()))
     if 0 < prompt_blocks < len(hashes):
-        keys.append((hashes[prompt_blocks - 1], prompt_tokens))
+        keys.append(TurnKey(hashes[prompt_blocks - 1], prompt_tokens, tail))
     return tuple(keys)
+
+
+def prompt_tail(tokens: Sequence[Any], prompt_tokens: int, prompt_blocks: int, block_size: int) -> Sequence[Any]:
+    """The prompt's tokens past its last full block (fewer than `block_size`)."""
+    return tokens[prompt_blocks * block_size:prompt_tokens]
 
 
 @dataclass
@@ -100,22 +126,22 @@ class FollowUps:
 
     window_s: float = WINDOW_S
     limit: int = REMEMBERED
-    _owners: dict[bytes, list[tuple[str, int]]] = field(default_factory=dict)  # hash -> (conversation, tokens to exceed)
+    _owners: dict[bytes, list[tuple[str, TurnKey]]] = field(default_factory=dict)  # hash -> (conversation, its key)
     _turns: OrderedDict[str, FinishedTurn] = field(default_factory=OrderedDict)  # by end time
     pending: OrderedDict[str, PendingTurn] = field(default_factory=OrderedDict)  # conversation -> its turn
     _pending_of: dict[str, str] = field(default_factory=dict)  # the caller's rid -> its conversation
     matched: int = 0  # requests found to continue a conversation
     ambiguous: int = 0  # requests whose longest remembered prefix several conversations share
 
-    def match(self, hashes: Sequence[bytes], prompt_tokens: int) -> str | None:
+    def match(self, hashes: Sequence[bytes], prompt_tokens: int, tokens: Sequence[Any] | None = None) -> str | None:
         """The conversation whose finished turn the request with these block hashes (and this many
-        prompt tokens) continues, or None."""
+        prompt tokens, `tokens` themselves to check a turn's tail) continues, or None."""
         owners = self._owners
         for index in range(len(hashes) - 1, -1, -1):
             found = owners.get(hashes[index])
             if found is None:
                 continue
-            continues = [conversation for conversation, shorter in found if prompt_tokens > shorter]
+            continues = [conversation for conversation, key in found if key.continued_by(prompt_tokens, tokens)]
             if len(continues) == 1:
                 self.matched += 1
                 return continues[0]
@@ -125,13 +151,14 @@ class FollowUps:
         return None
 
     def finished(self, conversation: str, prompt_tokens: int, prompt_blocks: int, hashes: Sequence[bytes],
-                 end_t: float) -> None:
+                 end_t: float, tail: Sequence[Any] = ()) -> None:
         """A turn of `conversation` ended with these block hashes (prompt and reply; its prompt of
-        `prompt_tokens` filled `prompt_blocks` of them). It replaces the conversation's previous turn."""
+        `prompt_tokens` filled `prompt_blocks` of them, `tail` the rest, `prompt_tail`). It replaces
+        the conversation's previous turn."""
         self._drop(conversation)
-        turn = FinishedTurn(conversation, end_t, turn_keys(prompt_tokens, prompt_blocks, hashes))
-        for key, shorter in turn.keys:
-            self._owners.setdefault(key, []).append((conversation, shorter))
+        turn = FinishedTurn(conversation, end_t, turn_keys(prompt_tokens, prompt_blocks, hashes, tail))
+        for key in turn.keys:
+            self._owners.setdefault(key.hash, []).append((conversation, key))
         self._turns[conversation] = turn
         while len(self._turns) > self.limit:
             self._drop(next(iter(self._turns)))
@@ -186,9 +213,9 @@ class FollowUps:
         turn = self._turns.pop(conversation, None)
         if turn is None:
             return
-        for key, shorter in turn.keys:
-            owners = self._owners.get(key)
-            if owners is not None and (conversation, shorter) in owners:
-                owners.remove((conversation, shorter))
+        for key in turn.keys:
+            owners = self._owners.get(key.hash)
+            if owners is not None and (conversation, key) in owners:
+                owners.remove((conversation, key))
                 if not owners:
-                    del self._owners[key]
+                    del self._owners[key.hash]
