@@ -196,10 +196,12 @@ class KvMover:
             end = Fence(stream)
         return Transfer(key, True, n, start, end, keep + list(copy.blocks.values()))
 
-    def copy_in(self, key: str, block_ids: list[int] | tuple[int, ...], first: int = 0) -> Transfer:
+    def copy_in(self, key: str, block_ids: list[int] | tuple[int, ...], first: int = 0,
+                keep: bool = False) -> Transfer:
         """Write host blocks `first ..` of `key`'s copy into device blocks `block_ids`; the copy
-        leaves `host` (it is read once). The compute stream waits for it on the device."""
-        copy = self.host.pop(key, None)
+        leaves `host` (a swapped request is read once) unless `keep` (a prefix store's block is
+        read by every hit). The compute stream waits for it on the device."""
+        copy = self.host.get(key) if keep else self.host.pop(key, None)
         n = len(block_ids)
         if copy is None or not copy.complete or first + n > copy.total:
             have = "no host copy" if copy is None else f"a host copy of {copy.filled} of {copy.total} blocks"

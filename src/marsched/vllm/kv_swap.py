@@ -44,10 +44,11 @@ from vllm.distributed.kv_transfer.kv_connector.v1.base import (
     KVConnectorMetadata,
     KVConnectorRole,
 )
+from vllm.distributed.kv_transfer.kv_connector.v1.metrics import KVConnectorStats
 
 from marsched.vllm.kv_copy import KvMover
-from marsched.vllm.kv_copy_layout import resolve_layout
 from marsched.vllm.kv_copy_plan import Cancelled, OutChunk, OutPlanner, blocks_per_step, check_budget
+from marsched.vllm.kv_host import bytes_per_block, extra_config, mover_for
 
 BUDGET_BLOCKS_KEY = "swap_blocks_per_step"
 BUDGET_BYTES_KEY = "swap_bytes_per_step"
@@ -55,29 +56,40 @@ BUDGET_BYTES_KEY = "swap_bytes_per_step"
 
 def step_budget(vllm_config: Any, kv_cache_config: Any) -> int | None:
     """The swap-out budget in blocks per step from `kv_connector_extra_config` (None: no limit)."""
-    transfer = getattr(vllm_config, "kv_transfer_config", None)
-    extra = dict(getattr(transfer, "kv_connector_extra_config", None) or {})
+    extra = extra_config(vllm_config)
     blocks = check_budget(extra.get(BUDGET_BLOCKS_KEY), f"kv_connector_extra_config.{BUDGET_BLOCKS_KEY}")
     bytes_ = check_budget(extra.get(BUDGET_BYTES_KEY), f"kv_connector_extra_config.{BUDGET_BYTES_KEY}")
     return blocks_per_step(blocks, bytes_, bytes_per_block(kv_cache_config) if bytes_ is not None else 0)
 
 
-def bytes_per_block(kv_cache_config: Any) -> int:
-    """KV bytes of one block over every layer, from the engine's KV-cache config."""
-    groups = getattr(kv_cache_config, "kv_cache_groups", None) or []
-    return sum(g.kv_cache_spec.page_size_bytes * len(g.layer_names) for g in groups)
+_COPY_KEYS = ("out_blocks", "in_blocks", "out_s", "in_s")
 
 
-def _attention_backends(vllm_config: Any, layer_names: list[str]) -> dict[str, Any]:
-    """Each layer's attention backend class, where vLLM can tell (for the KV layout)."""
-    try:
-        from vllm.config import get_layers_from_vllm_config
-        from vllm.model_executor.layers.attention_layer_base import AttentionLayerBase
+@dataclass
+class SwapCopyStats(KVConnectorStats):
+    """The copies that landed since the worker last reported (`KvMover.stats`' keys): how they reach
+    the scheduler, which learns the host link's rate from them (`policy.learned_cost`), through
+    vLLM's own channel for connector stats (each step's `kv_connector_output`, summed over workers)."""
 
-        layers = get_layers_from_vllm_config(vllm_config, AttentionLayerBase, layer_names)
-        return {name: layer.get_attn_backend() for name, layer in layers.items()}
-    except Exception:  # noqa: BLE001 - no backend known: the layout falls back to vLLM's view contract
-        return {}
+    def reset(self) -> None:
+        self.data = {}
+
+    def aggregate(self, other: KVConnectorStats) -> "SwapCopyStats":
+        return SwapCopyStats({k: self.data.get(k, 0) + other.data.get(k, 0) for k in _COPY_KEYS})
+
+    def reduce(self) -> dict[str, int | float]:
+        return {k: self.data.get(k, 0) for k in _COPY_KEYS}
+
+    def is_empty(self) -> bool:
+        return not (self.data.get("out_blocks") or self.data.get("in_blocks"))
+
+    @property
+    def blocks(self) -> int:
+        return int(self.data.get("out_blocks", 0) + self.data.get("in_blocks", 0))
+
+    @property
+    def seconds(self) -> float:
+        return float(self.data.get("out_s", 0.0) + self.data.get("in_s", 0.0))
 
 
 @dataclass
@@ -116,6 +128,11 @@ class HostSwapConnector(KVConnectorBase_V1):
         self.mover: KvMover | None = None
         self.scheduler_state: dict[str, Any] = {}
         self.request_info: dict[str, dict[str, Any]] = {}
+        self._reported = dict.fromkeys(_COPY_KEYS, 0)  # copy stats already sent to the scheduler
+
+    @classmethod
+    def build_kv_connector_stats(cls, data: dict[str, Any] | None = None) -> SwapCopyStats:
+        return SwapCopyStats(dict(data or {}))
 
     @property
     def requires_kv_delivery(self) -> bool:
@@ -205,10 +222,7 @@ class HostSwapConnector(KVConnectorBase_V1):
 
     def register_kv_caches(self, kv_caches: dict[str, torch.Tensor]) -> None:
         self.kv_caches = kv_caches
-        backends = _attention_backends(self._vllm_config, list(kv_caches))
-        layouts = {name: resolve_layout(name, kv, self.num_blocks, backends.get(name))
-                   for name, kv in kv_caches.items()}
-        self.mover = KvMover(kv_caches, layouts) if kv_caches else None  # no KV cache: nothing to swap
+        self.mover = mover_for(self._vllm_config, kv_caches, self.num_blocks)  # None: nothing to swap
 
     def start_load_kv(self, forward_context: Any, **kwargs: Any) -> None:
         meta = self._get_connector_metadata()
@@ -250,6 +264,17 @@ class HostSwapConnector(KVConnectorBase_V1):
         if self.mover is None:
             return {"out_blocks": 0, "in_blocks": 0, "out_s": 0.0, "in_s": 0.0}
         return self.mover.stats
+
+    def get_kv_connector_stats(self) -> SwapCopyStats | None:
+        """The copies landed since the last report (vLLM asks after every step), or None."""
+        if self.mover is None:
+            return None
+        now = self.mover.stats
+        delta = {k: now[k] - self._reported[k] for k in _COPY_KEYS}
+        if not (delta["out_blocks"] or delta["in_blocks"]):
+            return None
+        self._reported = dict(now)
+        return SwapCopyStats(delta)
 
     def shutdown(self) -> None:
         if self.mover is not None:
