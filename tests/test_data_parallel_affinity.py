@@ -261,3 +261,126 @@ def test_a_ranks_load_is_read_from_its_published_state_and_junk_reads_as_zero():
     junk = {"memory_time_in_flight": "lots", "tracked": True, "waiting": None, "running": [1], "device_usage": {}}
     assert RankLoad.from_state(junk) == RankLoad() == RankLoad.from_state({})
     assert RankLoad.from_state({"tracked": 2.0, "waiting": 1}) == RankLoad(tracked=2, waiting=1)
+
+
+# --- conversations that name no id: recognised from their history (`history.py`) -------------------
+
+
+def test_history_hashes_what_a_follow_up_sends_again():
+    from marsched.serve.history import CHARS_PER_BLOCK, TOKENS_PER_BLOCK, chain, history_of
+
+    system = {"role": "system", "content": "be brief"}
+    user = {"role": "user", "content": [{"type": "text", "text": "hi", "cache_control": {"type": "ephemeral"}}]}
+    chat = history_of("/v1/chat/completions", {"messages": [system, user]})
+    assert chat.size == 2 and chat.hashes == chain([b'{"content":"be brief","role":"system"}',
+                                                     b'{"content":[{"text":"hi","type":"text"}],"role":"user"}'])
+    moved = {"role": "user", "content": [{"type": "text", "text": "hi"}]}  # the breakpoint moved on
+    assert history_of("/v1/chat/completions", {"messages": [system, moved]}).hashes == chat.hashes
+    messages = history_of("/v1/messages", {"system": "be brief", "messages": [moved]})
+    assert messages.size == 2 and messages.hashes[1] != chat.hashes[1]  # `system` is its own unit
+    text = "x" * (2 * CHARS_PER_BLOCK + 5)
+    completion = history_of("/v1/completions", {"prompt": text})
+    assert (completion.size, len(completion.hashes), completion.tail) == (len(text), 2, "xxxxx")
+    ids = history_of("/v1/completions", {"prompt": list(range(TOKENS_PER_BLOCK + 1))})
+    assert (ids.size, len(ids.hashes), ids.tail) == (TOKENS_PER_BLOCK + 1, 1, [TOKENS_PER_BLOCK])
+    for path, body in [("/v1/chat/completions", {"messages": [system]}), ("/v1/chat/completions", {"messages": []}),
+                       ("/v1/completions", {"prompt": "short"}), ("/v1/completions", {"prompt": [text, text]}),
+                       ("/v1/completions", {"prompt": [True] * 99}), ("/v1/responses", {"input": text}),
+                       ("/v1/chat/completions", ["not", "an", "object"])]:
+        assert history_of(path, body) is None, (path, body)
+
+
+def answering(status: int = 200, streamed: bool = False):
+    """An app that records the rank header it got and answers in one body message (or two)."""
+    seen = []
+
+    async def app(scope, receive, send):
+        seen.append(dict(scope["headers"]).get(b"x-data-parallel-rank"))
+        await receive()
+        await send({"type": "http.response.start", "status": status, "headers": []})
+        if streamed:
+            await send({"type": "http.response.body", "body": b"data: {}\n\n", "more_body": True})
+        await send({"type": "http.response.body", "body": b"data: [DONE]\n\n", "more_body": False})
+
+    return app, seen
+
+
+def ask(middleware, body: dict, app, path="/v1/chat/completions") -> None:
+    raw = json.dumps(body).encode()
+
+    async def receive():
+        return {"type": "http.request", "body": raw, "more_body": False}
+
+    async def send(message):
+        pass
+
+    scope = {"type": "http", "method": "POST", "path": path, "headers": [], "app": middleware.fake_app}
+    asyncio.run(middleware(app)(scope, receive, send))
+
+
+SYSTEM_MESSAGE = {"role": "system", "content": "you are a helpful agent " * 6}
+
+
+def tool_round(messages: list, turn: int) -> list:
+    call = {"role": "assistant", "tool_calls": [{"id": f"call-{turn}", "type": "function",
+                                                 "function": {"name": "get_weather", "arguments": "{}"}}]}
+    return messages + [call, {"role": "tool", "tool_call_id": f"call-{turn}", "content": f"sunny, {turn}"}]
+
+
+def test_an_inferred_conversation_keeps_its_rank_and_one_with_the_same_system_prompt_is_not_matched(monkeypatch):
+    monkeypatch.setattr("marsched.serve.affinity.LOOK_EVERY_S", 1e9)  # no engine to look at
+    middleware = Middleware(2)
+    app, seen = answering()
+    conversations = {name: [SYSTEM_MESSAGE, {"role": "user", "content": f"{name}: the weather in paris?"}]
+                     for name in ("a", "b", "c", "d")}
+    ranks: dict[str, list] = {}
+    for turn in range(3):
+        for name, messages in conversations.items():
+            ask(middleware, {"messages": messages}, app, path="/v1/messages" if name == "d" else "/v1/chat/completions")
+            ranks.setdefault(name, []).append(seen[-1])
+            conversations[name] = tool_round(messages, turn)
+    assert {name: set(r) for name, r in ranks.items()} == {"a": {b"0"}, "b": {b"1"}, "c": {b"0"}, "d": {b"1"}}
+    router = middleware.router
+    assert (router.follow.matched, router.state()["inferred_started"]) == (8, 4)
+    # Built to tempt: the same system prompt and a first message that starts alike, longer than a's
+    # first prompt; a's turns are remembered, so only its own history may match them.
+    stranger = [SYSTEM_MESSAGE, {"role": "user", "content": "a: the weather in paris?"[:-1]},
+                {"role": "assistant", "content": "which paris?"}, {"role": "user", "content": "france"}]
+    ask(middleware, {"messages": stranger}, app)
+    assert (router.follow.matched, router.state()["inferred_started"]) == (8, 5)
+    retried = conversations["a"][:-2]  # a's last turn sent again (a retry): not its follow-up
+    ask(middleware, {"messages": retried}, app)
+    assert (router.follow.matched, router.state()["inferred_started"]) == (8, 6)
+
+
+def test_an_inferred_turn_is_remembered_only_when_answered_and_forgotten_with_its_conversation(monkeypatch):
+    monkeypatch.setattr("marsched.serve.affinity.LOOK_EVERY_S", 1e9)
+    middleware = Middleware(2)
+    first = [SYSTEM_MESSAGE, {"role": "user", "content": "hello"}]
+    failing, _ = answering(status=400)
+    ask(middleware, {"messages": first}, failing)
+    streamed, seen = answering(streamed=True)
+    ask(middleware, {"messages": tool_round(first, 0)}, streamed)  # the failed turn left nothing to continue
+    router = middleware.router
+    assert router.follow.matched == 0 and len(router.follow) == 1
+    ask(middleware, {"messages": tool_round(tool_round(first, 0), 1)}, streamed)
+    assert router.follow.matched == 1 and seen[-1] == seen[-2]
+    assert list(router.rank_of) == ["inferred/2"]  # the unanswered one is forgotten
+    router.follow.window_s = 0.0  # the engine core ends the conversation after the same window
+    prompt = "the story so far: " + "and then " * 60
+    ask(middleware, {"prompt": prompt}, streamed, path="/v1/completions")
+    assert list(router.rank_of) == ["inferred/3"] and len(router.follow) == 1
+
+
+def test_a_completions_follow_up_continues_the_prompt_and_its_tail_is_compared(monkeypatch):
+    from marsched.serve.history import CHARS_PER_BLOCK
+
+    monkeypatch.setattr("marsched.serve.affinity.LOOK_EVERY_S", 1e9)
+    middleware = Middleware(2)
+    app, seen = answering()
+    shared = "s" * CHARS_PER_BLOCK  # one full block every prompt has; the rest is in the tail
+    ask(middleware, {"prompt": shared + "question one"}, app, path="/v1/completions")
+    ask(middleware, {"prompt": shared + "question two, longer than the first"}, app, path="/v1/completions")
+    assert middleware.router.follow.matched == 0 and seen == [b"0", b"1"]
+    ask(middleware, {"prompt": shared + "question one" + " a reply" + "<tool> 42"}, app, path="/v1/completions")
+    assert middleware.router.follow.matched == 1 and seen[-1] == b"0"

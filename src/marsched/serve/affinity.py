@@ -14,13 +14,23 @@ the conversation id (`vllm_xargs.marsched.conversation`) of each `POST /v1/compl
   `least-loaded`), from each rank's scheduler state, read at most every `LOOK_EVERY_S`.
 
 A turn with `retain: false` is the conversation's last: its rank is forgotten after it, as it
-is on `DELETE /marsched/conversations/ID` (`state.py`). Requests naming no conversation, and
-bodies that are not JSON or whose marsched field is malformed (vLLM's validator answers those
-with a 400), pass through as they came, to vLLM's balancer. Nothing is done with one rank.
+is on `DELETE /marsched/conversations/ID` (`state.py`). Nothing is done with one rank.
+
+A request that names no conversation may still be a turn of one, recognised from its history
+(`history.py`) by the rule the engine core uses (`marsched.vllm.follow_ups.FollowUps`): its
+messages (or its completion prompt) continue a turn that ended here, whose rank it gets; else it
+starts a conversation, placed as a new one is. When its reply ends (HTTP 200), its history is
+remembered for its follow-up, in place of its previous turn's, until `follow_ups.WINDOW_S` has
+passed, the window after which the engine core ends it too. The same applies to
+`/v1/messages` (vLLM serves it through its chat code, which reads the rank header); vLLM 0.32
+does not read the header on `/v1/responses`, so neither does this middleware. Bodies that are not
+JSON or whose marsched field is malformed (vLLM's validator answers those with a 400), and
+requests with no history to key on, pass through as they came, to vLLM's balancer.
 
 With several API server processes (`--api-server-count`; `marsched serve` starts one under
 data parallelism unless given) the processes share no state, so each conversation's rank is a
-hash of its id (`Placement.HASH`): every process computes the same one.
+hash of its id (`Placement.HASH`): every process computes the same one. An inferred
+conversation's follow-up finds its rank only in the process that served its previous turn.
 """
 
 from __future__ import annotations
@@ -34,12 +44,15 @@ from collections import OrderedDict
 from dataclasses import dataclass
 from typing import Any
 
-from marsched.serve.asgi_body import COMPLETION_PATHS, read_body, replay_body
+from marsched.serve.asgi_body import COMPLETION_PATHS, MESSAGES_PATH, read_body, replay_body
+from marsched.serve.history import History, history_of
+from marsched.vllm.follow_ups import FollowUps
 from marsched.policy.placement import (Placement, RankLoad, hashed_rank, least_loaded_scores, lowest,
                                       mars_scores)
 
 ENV = "MARSCHED_DP_PLACEMENT"
-PATHS = COMPLETION_PATHS
+PATHS = COMPLETION_PATHS + (MESSAGES_PATH,)  # the endpoints whose rank header vLLM 0.32 reads
+INFERRED = "inferred/"  # an inferred conversation's id here: a `/` no named one may hold
 HEADER = b"x-data-parallel-rank"
 LOOK_EVERY_S = 0.5  # the schedulers recompute their memory × time this often
 LOOK_TIMEOUT_S = 2.0
@@ -57,12 +70,20 @@ class Turn:
 
 def turn_of(raw: bytes) -> Turn | None:
     """The conversation this body is a turn of, or None (none named, or not a body we read)."""
-    from marsched.vllm.metadata import KEY, MetadataError, parse
+    return named_turn(parsed(raw))
 
+
+def parsed(raw: bytes) -> Any:
     try:
-        body = json.loads(raw)
+        return json.loads(raw)
     except (ValueError, UnicodeDecodeError, RecursionError):
         return None
+
+
+def named_turn(body: Any) -> Turn | None:
+    """The conversation a parsed body names, or None."""
+    from marsched.vllm.metadata import KEY, MetadataError, parse
+
     xargs = body.get("vllm_xargs") if isinstance(body, dict) else None
     if not isinstance(xargs, dict):
         return None
@@ -90,6 +111,27 @@ class ConversationRouter:
         self._start = 0
         self._looked_t = -float("inf")
         self._looking: asyncio.Task | None = None
+        self.follow = FollowUps(limit=REMEMBERED)  # the turns of conversations that name no id, by their history
+        self._inferred = 0  # inferred conversations started here
+
+    def inferred(self, history: History) -> str:
+        """The conversation a request naming none continues (its history's), or a new one's id."""
+        for ended in self.follow.expire(time.monotonic()):
+            self.forget(ended)
+        conversation = self.follow.match(history.hashes, history.size, history.prompt)
+        if conversation is None:
+            self._inferred += 1
+            conversation = f"{INFERRED}{self._inferred}"
+        return conversation
+
+    def turn_ended(self, conversation: str, history: History, answered: bool) -> None:
+        """An inferred conversation's turn ended: answered, its follow-up will continue this history;
+        else a conversation with no answered turn is forgotten (no follow-up can find it)."""
+        if answered:
+            self.follow.finished(conversation, history.size, len(history.hashes), history.hashes, time.monotonic(),
+                                 history.tail)
+        elif conversation not in self.follow:
+            self.forget(conversation)
 
     async def rank_for(self, turn: Turn, given: int | None) -> int:
         rank = self.rank_of.get(turn.conversation)
@@ -107,7 +149,9 @@ class ConversationRouter:
     def state(self) -> dict[str, Any]:
         return {"placement": self.placement.value, "conversations": len(self.rank_of),
                 "conversations_by_rank": [sum(r == rank for r in self.rank_of.values()) for rank in range(self.ranks)],
-                "placed_by_rank": list(self.placed), "in_flight_by_rank": list(self.in_flight)}
+                "placed_by_rank": list(self.placed), "in_flight_by_rank": list(self.in_flight),
+                "inferred_started": self._inferred, "inferred_matched": self.follow.matched,
+                "inferred_ambiguous": self.follow.ambiguous, "inferred_remembered": len(self.follow)}
 
     async def _place(self, conversation: str) -> int:
         if self.placement is Placement.HASH:
@@ -209,7 +253,10 @@ class DataParallelAffinityMiddleware:
         raw = await read_body(receive)
         if raw is None:  # the client left before its body arrived
             return
-        turn = turn_of(raw)
+        body = parsed(raw)
+        turn, history = named_turn(body), None
+        if turn is None and (history := history_of(scope["path"], body)) is not None:
+            turn = Turn(router.inferred(history), False)
         if turn is None:
             await self.app(scope, replay_body(raw, receive), send)
             return
@@ -218,9 +265,28 @@ class DataParallelAffinityMiddleware:
         routed = dict(scope, headers=[(k, v) for k, v in headers if k.lower() != HEADER]
                       + [(HEADER, str(rank).encode())])
         router.in_flight[rank] += 1
+        if history is not None:
+            send, answer = _watch_answer(send)
         try:
             await self.app(routed, replay_body(raw, receive), send)
         finally:
             router.in_flight[rank] -= 1
+            if history is not None:
+                router.turn_ended(turn.conversation, history, answer())
             if turn.last:
                 router.forget(turn.conversation)
+
+
+def _watch_answer(send: Any) -> tuple[Any, Any]:
+    """`send`, and whether the last body message of an HTTP 200 response has gone through it."""
+    status, done = 0, False
+
+    async def sending(message: dict[str, Any]) -> None:
+        nonlocal status, done
+        await send(message)
+        if message.get("type") == "http.response.start":
+            status = int(message.get("status", 0))
+        elif message.get("type") == "http.response.body" and not message.get("more_body"):
+            done = status == 200
+
+    return sending, lambda: done

@@ -205,6 +205,9 @@ class FollowUps:
     def __len__(self) -> int:
         return len(self._turns)
 
+    def __contains__(self, conversation: str) -> bool:
+        return conversation in self._turns
+
     def snapshot(self) -> dict[str, int]:
         return {"follow_ups_matched": self.matched, "follow_ups_ambiguous": self.ambiguous,
                 "follow_ups_remembered": len(self._turns), "follow_ups_pending": len(self.pending)}
