@@ -133,10 +133,11 @@ def test_every_server_gets_the_same_engine_and_only_the_scheduler_differs():
     assert tails["mars"][tails["mars"].index("--num-gpu-blocks-override") + 1] == "33"
     stock = commands["vllm-stock"]
     assert "marsched.cli" not in stock and stock[stock.index("--logits-processors") + 1].endswith(":BenchReplyLength")
-    for name in ("vllm", "infercept", "continuum", "mars"):
+    for name in ("vllm", "infercept", "continuum", "autellix", "mars"):
         assert "--bench-reply-lengths" in commands[name] and "--no-swap" in commands[name]
-    assert commands["vllm"][commands["vllm"].index("--policy") + 1] == "vllm"
-    assert commands["infercept"][commands["infercept"].index("--policy") + 1] == "infercept"
+    for name in ("vllm", "infercept", "autellix"):
+        assert commands[name][commands[name].index("--policy") + 1] == name
+        assert configs.DESCRIPTIONS[name].startswith(f"marsched serve --policy {name}")
     continuum = commands["continuum"]
     assert continuum[continuum.index("--policy") + 1] == "mars"
     assert continuum[continuum.index("--retention") + 1] == "fixed:4.5"

@@ -10,6 +10,9 @@ engine options and seed; only the scheduler differs:
 - `continuum`: `marsched serve --policy mars --retention fixed:T`: every conversation's KV is
   pinned on the device for T seconds after each turn, Continuum's time-to-live idea on MARS's
   server (MARS's ranking), not Continuum's own scheduler;
+- `autellix`: `marsched serve --policy autellix`: Autellix's program-level least attained
+  service (PLAS, arXiv 2502.13965 §4.2), each program's service counted across its turns, each
+  turn ending its request (the prefix cache serves the follow-up);
 - `mars`: `marsched serve` with its defaults (policy mars, retention policy, predictor auto:
   the learned one where the predict extra is installed);
 - `mars-oracle`, a diagnostic left out of the default list and of the best-other comparison:
@@ -31,7 +34,7 @@ from marsched.experiments.conversations.servers import ENTRY
 from marsched.loadgen.reply_length import PROCESSOR
 from marsched.loadgen.session import Session, shape_gap
 
-CONFIGS = ("vllm-stock", "vllm", "infercept", "continuum", "mars")
+CONFIGS = ("vllm-stock", "vllm", "infercept", "continuum", "autellix", "mars")
 BASELINE = "vllm-stock"
 FOCUS = "mars"  # the configuration the summary compares with the best of the others
 ORACLE = "mars-oracle"  # a diagnostic: FOCUS told the true lengths; never a baseline
@@ -43,6 +46,7 @@ DESCRIPTIONS = {
     "infercept": "marsched serve --policy infercept",
     "continuum": ("marsched serve --policy mars --retention fixed:T "
                   "(Continuum-style TTL pin, not Continuum's scheduler)"),
+    "autellix": "marsched serve --policy autellix (program-level least attained service)",
     "mars": "marsched serve (defaults: policy mars, retention policy, predictor auto)",
     ORACLE: "marsched serve (defaults), every turn's reply length sent as its prediction (a diagnostic)",
 }
@@ -88,7 +92,7 @@ def server_command(config: str, engine: Engine, port: int, fixed_s: float) -> li
                 "--logits-processors", PROCESSOR, *vllm_options(engine)]
     marsched = [sys.executable, "-m", "marsched.cli", "serve", engine.model, "--port", str(port),
                 "--seed", str(engine.seed), "--bench-reply-lengths"]
-    if config in ("vllm", "infercept"):
+    if config in ("vllm", "infercept", "autellix"):
         marsched += ["--policy", config]
     elif config == "continuum":
         marsched += ["--policy", "mars", "--retention", f"fixed:{fixed_s:g}"]
