@@ -135,3 +135,23 @@ class FixedTtl:
         calls, seconds = self._sums.get(tool, (0, 0.0))
         mean = seconds / calls if calls else 0.0
         return FIXED_PIN_S if mean <= FIXED_PIN_S else 0.0
+
+
+@dataclass(slots=True)
+class ConstantTtl:
+    """Every call's KV pinned for `seconds`: `marsched serve --retention fixed:SECONDS` in the simulator."""
+
+    seconds: float
+    name: str = "constant"
+
+    def observe_call(self, tool: str, duration_s: float) -> None:
+        pass
+
+    def observe_queue_delay(self, seconds: float) -> None:
+        pass
+
+    def observe_program(self, turns: int) -> None:
+        pass
+
+    def ttl_s(self, tool: str, context_tokens: int) -> float:
+        return self.seconds

@@ -1,0 +1,130 @@
+"""The twin's records and table: one record per configuration, load and repeat, each holding the
+simulated and the live numbers per task; the table puts them side by side with their ratio.
+
+A record (`results/twin/*/records.json`, schema `marsched.twin/1`):
+``{"config", "load": {"name", "rate"}, "repeat", "sim": {...}, "live": {...} | null}``, where
+`sim` and `live` each hold at least ``e2e_mean_s`` and ``e2e_p99_s`` over the tasks that finished
+(a task is one conversation of `marsched loadgen`, one request of the simulator). `live` is null
+for a run that did not measure (its `error` says why) and for a ``--sim-only`` run.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Sequence
+from dataclasses import asdict, dataclass
+from typing import Any
+
+SCHEMA = "marsched.twin/1"
+AGREEMENT = 0.15  # the issue's bound on |live ÷ sim − 1| for the mean and the p99
+
+
+@dataclass(frozen=True, slots=True)
+class Load:
+    name: str  # light or queueing
+    rate: float  # tasks per second
+
+
+@dataclass(frozen=True, slots=True)
+class TwinRecord:
+    config: str
+    load: Load
+    repeat: int
+    sim: dict[str, Any]
+    live: dict[str, Any] | None
+    error: str | None = None
+
+    def to_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+def live_numbers(report: dict[str, Any]) -> dict[str, Any]:
+    """A loadgen report's per-task numbers (its conversations), with the turns' and errors."""
+    conversations = report.get("conversations") or {}
+    turns = report.get("turns") or {}
+    return {"e2e_mean_s": conversations.get("e2e_mean_s"), "e2e_p50_s": conversations.get("e2e_p50_s"),
+            "e2e_p99_s": conversations.get("e2e_p99_s"), "tasks_finished": conversations.get("finished"),
+            "turn_e2e_mean_s": turns.get("e2e_mean_s"), "turns_failed": turns.get("failed")}
+
+
+def _ratio(live: float | None, sim: float | None) -> float | None:
+    return live / sim if live is not None and sim else None
+
+
+@dataclass(frozen=True, slots=True)
+class Row:
+    config: str
+    load: str
+    sim_mean_s: float
+    sim_p99_s: float
+    live_mean_s: list[float]  # one per measured repeat
+    live_p99_s: list[float]
+
+    @property
+    def mean_ratio(self) -> float | None:
+        return _ratio(statistics.median(self.live_mean_s), self.sim_mean_s) if self.live_mean_s else None
+
+    @property
+    def p99_ratio(self) -> float | None:
+        return _ratio(statistics.median(self.live_p99_s), self.sim_p99_s) if self.live_p99_s else None
+
+
+def rows(records: Sequence[TwinRecord]) -> list[Row]:
+    """One row per configuration and load, in the records' order, the live repeats together."""
+    grouped: dict[tuple[str, str], Row] = {}
+    for record in records:
+        key = (record.config, record.load.name)
+        row = grouped.setdefault(key, Row(record.config, record.load.name, record.sim["e2e_mean_s"],
+                                          record.sim["e2e_p99_s"], [], []))
+        if record.live and record.live.get("e2e_mean_s") is not None:
+            row.live_mean_s.append(record.live["e2e_mean_s"])
+            row.live_p99_s.append(record.live["e2e_p99_s"])
+    return list(grouped.values())
+
+
+def same_order(load_rows: Sequence[Row]) -> bool | None:
+    """Whether simulated and live means rank this load's configurations alike (None: a live one is missing)."""
+    if any(not row.live_mean_s for row in load_rows):
+        return None
+    by_sim = sorted(load_rows, key=lambda r: r.sim_mean_s)
+    by_live = sorted(load_rows, key=lambda r: statistics.median(r.live_mean_s))
+    return [r.config for r in by_sim] == [r.config for r in by_live]
+
+
+def _s(value: float | None) -> str:
+    return "—" if value is None else f"{value:.2f}"
+
+
+def _live(values: list[float]) -> str:
+    if not values:
+        return "—"
+    if len(values) == 1:
+        return f"{values[0]:.2f}"
+    return f"{statistics.median(values):.2f} ({min(values):.2f}–{max(values):.2f})"
+
+
+def _agrees(ratio: float | None) -> str:
+    if ratio is None:
+        return ""
+    return " ✓" if abs(ratio - 1) <= AGREEMENT else " ✗"
+
+
+def markdown(records: Sequence[TwinRecord]) -> str:
+    """Per load: each configuration's simulated and live mean and p99 per task, live as the median
+    over repeats (min–max), and live ÷ sim (✓ within 15%)."""
+    table = rows(records)
+    lines = []
+    for load in dict.fromkeys(row.load for row in table):
+        load_rows = [row for row in table if row.load == load]
+        rate = next(r.load.rate for r in records if r.load.name == load)
+        order = same_order(load_rows)
+        lines += [f"### {load}: {rate:g} tasks/s" + ("" if order is None else
+                  f" (simulated and live rank the configurations {'alike' if order else 'differently'})"), "",
+                  "| config | sim mean s | live mean s | live ÷ sim | sim p99 s | live p99 s | live ÷ sim |",
+                  "| --- | --- | --- | --- | --- | --- | --- |"]
+        for row in load_rows:
+            lines.append(f"| {row.config} | {_s(row.sim_mean_s)} | {_live(row.live_mean_s)} | "
+                         f"{_s(row.mean_ratio)}{_agrees(row.mean_ratio)} | {_s(row.sim_p99_s)} | "
+                         f"{_live(row.live_p99_s)} | {_s(row.p99_ratio)}{_agrees(row.p99_ratio)} |")
+        lines.append("")
+    return "\n".join(lines).rstrip() + "\n"

@@ -1,0 +1,114 @@
+"""The twin as it runs: per load, every configuration simulated, then run live (`http_bench`: each
+configuration's server on the same model, KV size, engine options and cores, repeats interleaved),
+then one record per configuration, load and repeat, and the side-by-side table.
+
+Files under `out`: `<load>/` holds the live comparison of that load (`http_bench`'s files: its
+`runs/<config>-r<k>/` and summary); `records.json` (`records.SCHEMA`) and `table.md` sit at the top,
+rewritten after each load.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+from dataclasses import dataclass, replace
+from pathlib import Path
+from typing import Any
+
+from marsched.atomic import write_atomically
+from marsched.experiments.http_bench.configs import Engine
+from marsched.experiments.http_bench.records import RunRecord
+from marsched.experiments.http_bench.run import Plan, run_plan
+from marsched.experiments.twin.loads import PICKED_BY, pick_loads, sweep
+from marsched.experiments.twin.records import SCHEMA, Load, TwinRecord, live_numbers, markdown
+from marsched.experiments.twin.simulate import SimEngine, simulate
+from marsched.loadgen.options import LoadgenOptions
+
+
+def progress(message: str) -> None:
+    print(f"twin: {message}", file=sys.stderr, flush=True)
+
+
+@dataclass(frozen=True, slots=True)
+class TwinPlan:
+    configs: tuple[str, ...]
+    loads: tuple[Load, ...] | None  # None: picked by the simulator over `grid`
+    grid: tuple[float, ...]
+    repeats: int
+    engine: Engine  # the live servers'
+    sim_engine: SimEngine
+    load: LoadgenOptions  # the workload and its shaping; its rate is each load's
+    pin_s: float  # continuum's T
+    out: Path
+    sim_only: bool = False
+    start_timeout_s: float = 900.0
+
+    def settings(self) -> dict[str, Any]:
+        return {"configs": list(self.configs), "repeats": self.repeats, "grid": list(self.grid),
+                "engine": {"model": self.engine.model, "kv_blocks": self.engine.kv_blocks,
+                           "max_model_len": self.engine.max_model_len, "vllm_args": list(self.engine.extra),
+                           "marsched_args": list(self.engine.marsched_extra)},
+                "profile": self.sim_engine.profile, "workload": self.load.settings(), "continuum_pin_s": self.pin_s,
+                "sim_only": self.sim_only}
+
+
+def choose_loads(plan: TwinPlan) -> tuple[Load, ...]:
+    if plan.loads is not None:
+        return plan.loads
+    points = sweep(plan.grid, lambda rate: simulate(PICKED_BY, replace(plan.load, rate=rate), plan.sim_engine,
+                                                    plan.pin_s))
+    for point in points:
+        progress(f"sweep: {PICKED_BY} at {point.rate:g} tasks/s: mean {point.e2e_mean_s:.2f} s, "
+                 f"{point.slowdown:.2f}x isolated")
+    loads = pick_loads(points)
+    progress("loads: " + ", ".join(f"{load.name} {load.rate:g} tasks/s" for load in loads))
+    return loads
+
+
+def live_records(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], folder: Path) -> list[TwinRecord]:
+    """The records of one load's live comparison, read back from its run files."""
+    records = []
+    for run_file in sorted(folder.glob("runs/*/run.json")):
+        run = RunRecord.from_dict(json.loads(run_file.read_text()))
+        live = None
+        if run.measured:
+            live = live_numbers(json.loads(Path(run.loadgen).read_text()))
+        records.append(TwinRecord(run.config, load, run.repeat, sims[run.config], live,
+                                  None if run.measured else (run.error or "interrupted")))
+    return sorted(records, key=lambda r: (plan.configs.index(r.config), r.repeat))
+
+
+def write_results(plan: TwinPlan, records: list[TwinRecord]) -> str:
+    text = markdown(records)
+    plan.out.mkdir(parents=True, exist_ok=True)
+    payload = {"schema": SCHEMA, "settings": plan.settings(), "records": [r.to_dict() for r in records]}
+    write_atomically(plan.out / "records.json",
+                     lambda f: f.write((json.dumps(payload, indent=1, allow_nan=False) + "\n").encode()))
+    write_atomically(plan.out / "table.md", lambda f: f.write(text.encode()))
+    return text
+
+
+def run_twin(plan: TwinPlan) -> int:
+    """Simulate, then run live, load by load; the exit status of the live runs (0: all measured)."""
+    status = 0
+    records: list[TwinRecord] = []
+    for load in choose_loads(plan):
+        workload = replace(plan.load, rate=load.rate)
+        sims = {}
+        for config in plan.configs:
+            sims[config] = simulate(config, workload, plan.sim_engine, plan.pin_s)
+            progress(f"[{load.name}] simulated {config}: mean {sims[config]['e2e_mean_s']:.2f} s, "
+                     f"p99 {sims[config]['e2e_p99_s']:.2f} s over {sims[config]['num_finished']} tasks")
+        if plan.sim_only:
+            records += [TwinRecord(config, load, 0, sims[config], None) for config in plan.configs]
+        else:
+            folder = plan.out / load.name
+            live = Plan(plan.configs, plan.repeats, plan.engine, workload, plan.pin_s, folder, plan.start_timeout_s)
+            status = max(status, run_plan(live))
+            records += live_records(plan, load, sims, folder)
+        write_results(plan, records)
+        if status not in (0, 1):  # interrupted, or the servers' cores differ: stop here
+            break
+    print(write_results(plan, records), end="", flush=True)
+    progress(f"records: {plan.out / 'records.json'}, table: {plan.out / 'table.md'}")
+    return status

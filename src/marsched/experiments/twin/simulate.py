@@ -1,0 +1,54 @@
+"""The simulated side: one configuration at one load, on the engine the live servers run.
+
+The profile is `marsched calibrate`'s for this engine and model shape; its KV capacity, batch
+bounds and host swap space are set to what every live server gets (`--num-gpu-blocks-override`,
+`--max-num-seqs`, `--max-num-batched-tokens`, the plugin's host swap budget), so that the
+simulated engine is the live one as far as the profile can say.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from typing import Any
+
+from marsched.experiments.twin.configs import twin_policy
+from marsched.experiments.twin.stream import replayed_requests
+from marsched.loadgen.options import LoadgenOptions
+from marsched.metrics.records import summarize
+from marsched.sim.profile import Profile, load_profile
+from marsched.sim.select import make_simulator
+from marsched.vllm.config import MarsConfig
+
+REPORTED = ("e2e_mean_s", "e2e_p50_s", "e2e_p99_s", "isolated_e2e_mean_s", "ttft_mean_s", "max_queue_wait_s", "num_finished",
+            "preemptions", "strategy_counts")
+
+
+@dataclass(frozen=True, slots=True)
+class SimEngine:
+    """What the simulated engine shares with the live servers."""
+
+    profile: str  # a profile JSON path (`marsched calibrate --out`) or a bundled name
+    kv_blocks: int
+    max_num_seqs: int
+    max_num_batched_tokens: int
+
+
+def engine_profile(engine: SimEngine) -> Profile:
+    """The profile with the live engine's capacity and bounds."""
+    profile = load_profile(engine.profile)
+    host_blocks = MarsConfig().host_swap_tokens // profile.block_tokens
+    return replace(profile, device_blocks=engine.kv_blocks, host_blocks=host_blocks,
+                   max_sequences=engine.max_num_seqs,
+                   cost=replace(profile.cost, token_budget=engine.max_num_batched_tokens))
+
+
+def simulate(config: str, load: LoadgenOptions, engine: SimEngine, pin_s: float) -> dict[str, Any]:
+    """The simulator's per-task summary for `config` on `load`'s replay."""
+    profile = engine_profile(engine)
+    requests = replayed_requests(load)
+    if not requests:
+        raise ValueError(f"no task arrives at --rate {load.rate:g} in --duration {load.duration_s:g} s")
+    policy = twin_policy(config, profile.cost, pin_s, load.seed)
+    result = make_simulator(requests, profile, policy).run()
+    summary = summarize(result.records)
+    return {key: summary[key] for key in REPORTED} | {"tasks": len(requests)}
