@@ -115,6 +115,28 @@ def test_serve_passes_an_absolute_profile_path_to_the_plugin(measured, monkeypat
     assert mars.profile == str(measured) and mars.cost == CostSettings()
 
 
+def test_serve_runs_mars_boost_and_autellix_with_their_settings(monkeypatch):
+    import marsched.serve as serve_package
+
+    seen = []
+
+    def fake_serve(options, echo):
+        seen.append(options.mars)
+        return 0
+
+    monkeypatch.setattr(serve_package, "serve", fake_serve)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object())
+    for args in (["--policy", "mars-boost", "--boost-gamma", "0.5"], ["--policy", "autellix"]):
+        result = CliRunner().invoke(app, ["serve", "m", "--predictor", "oracle", *args])
+        assert result.exit_code == 0, result.output
+    boost, autellix = (mars.build_policy(token_budget=256) for mars in seen)
+    assert (boost.name, boost.boost_gamma, autellix.name) == ("mars-boost", 0.5, "autellix")
+    result = CliRunner().invoke(app, ["serve", "m", "--policy", "mars-boost", "--boost-gamma", "0"])
+    assert result.exit_code == 2 and "--boost-gamma" in result.output
+    with pytest.raises(ValueError, match="'boost_gamma': give a number > 0"):
+        MarsConfig(policy="mars-boost", boost_gamma=-1.0)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--profile", "nope.json"], "--profile nope.json: no profile file nope.json"),
     (["--profile", "gptj-6b-a100", "--seconds-per-token", "0.001"], "drop --seconds-per-token"),
@@ -160,8 +182,9 @@ def test_the_simulator_only_policy_is_refused_in_vllm_and_by_bench():
 
 def test_every_simulator_only_policy_is_refused_on_vllm_with_what_to_use_instead():
     from marsched.policy.registry import SIMULATOR_ONLY
-    assert {"infercept-code", "vllm-v0", "vllm-offload", "continuum", "continuum-public", "autellix"} <= SIMULATOR_ONLY
-    for name, instead in (("autellix", None), ("vllm-offload", "vllm"), ("infercept-code", "infercept")):
+    assert {"infercept-code", "vllm-v0", "vllm-offload", "continuum", "continuum-public"} <= SIMULATOR_ONLY
+    assert not {"autellix", "mars-boost"} & SIMULATOR_ONLY  # their programs' state is kept over HTTP too
+    for name, instead in (("continuum", None), ("vllm-offload", "vllm"), ("infercept-code", "infercept")):
         with pytest.raises(ValueError) as error:
             MarsConfig(policy=name)
         assert f"{name} runs only in the simulator" in str(error.value)

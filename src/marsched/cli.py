@@ -45,13 +45,13 @@ POLICY_HELP = {
     "swap": "FCFS; always copy the KV cache to host memory during a call",
     "mars": "MARS: predicted memory x time first, strategy fixed ahead, starvation prevention, predicted-peak admission",
     "mars-boost": "MARS with gamma-Boost for the order: arrival less a boost that shrinks with the predicted memory x time, "
-                  "overtaking bounded, no promotions (--boost-gamma; simulator only)",
+                  "overtaking bounded, no promotions (--boost-gamma); over HTTP a turn ranks by its program's first arrival",
     "continuum": "Continuum: program-level FCFS, the KV pinned for a learnt time-to-live after each call, pins "
                  "given up under memory pressure (simulator only)",
     "continuum-public": "Continuum's public code: as continuum, pinned 2 s after a tool whose mean time is at most "
                         "2 s (simulator only)",
     "autellix": "Autellix: least attained service per program in 7 queues, anti-starvation ratio 8; each call a "
-                "new request served by the prefix cache (simulator only)",
+                "new request served by the prefix cache; over HTTP a program's service counts across its turns",
 }
 STARVATION_HELP = {
     "fcfs-wait": f"promoted for life once its wait passes {STARVATION_VARIANTS['fcfs-wait'].fcfs_multiple:g}x what "
@@ -324,11 +324,13 @@ def serve(
     predictor: Annotated[str, typer.Option(
         help="Output-length predictor: 'auto' (learned, every request predicted in the API server, when the "
              "predict extra is installed; else oracle: each request's plan or max_tokens), oracle, type-mean, "
+             "online (the mean reply of the turns served so far, learnt in the scheduler), "
              "learned or learned:HEAD (a packaged head such as 'agent', or a directory).")] = "auto",
     api_estimator: ApiOpt = "type-mean",
     rest: Annotated[str, typer.Option(
         help="How a conversation's turns to come weigh in its key: gittins (the Gittins rank over the turns "
              "left of the programs that ended) or mean.")] = DEFAULT_REST,
+    boost_gamma: BoostOpt = DEFAULT_BOOST_GAMMA,
     refresh_interval: RefreshOpt = 1,
     seed: SeedOpt = 0,
     trace_out: Annotated[Path | None, typer.Option(
@@ -385,6 +387,7 @@ def serve(
     checked(lambda: check_run_options(
         seed=seed, predictor=predictor, api_estimator=api_estimator, starvation_threshold_text=starvation_threshold,
         starvation=starvation, admission=admission, refresh_interval=refresh_interval))
+    checked(lambda: check_positive("--boost-gamma", boost_gamma))
     for flag, value in (("--seconds-per-token", seconds_per_token), ("--seconds-per-iteration", seconds_per_iteration),
                         ("--swap-tokens-per-s", swap_tokens_per_s)):
         if value is not None:
@@ -421,7 +424,8 @@ def serve(
                           predictor=predictor,
                           api_estimator=api_estimator, seed=seed,
                           trace_path=str(trace_out.absolute()) if trace_out else None, cost=cost,
-                          profile=profile, retention=retention, retention_limit_s=retention_limit_s, rest=rest)
+                          profile=profile, retention=retention, retention_limit_s=retention_limit_s, rest=rest,
+                          boost_gamma=boost_gamma)
         options = ServeOptions(model, mars, host=host, port=port, swap=swap, state_endpoint=state_endpoint,
                                cpu_kv_cache_gib=cpu_kv_cache_gib, cpu_threads_bind=cpu_bind,
                                cpu_reserved_cores=cpu_reserved_cores, vllm_args=tuple(ctx.args),

@@ -200,6 +200,13 @@ class Policy:
         return self.order in (Order.MEMORY_TIME, Order.BOOST)
 
     @property
+    def ranks_by_program_arrival(self) -> bool:
+        """Whether a conversation's turn over HTTP ranks by its program's first arrival: Boost's `a`
+        is the arrival a request keeps across its calls in the simulator (`boost.py`), and over
+        HTTP a program's calls are its turns, each a request of its own."""
+        return self.order is Order.BOOST
+
+    @property
     def knows_future(self) -> bool:
         """Whether the key reads the trace's later segments (`RestRule.PLAN`): a bound."""
         return self.rest is RestRule.PLAN

@@ -12,12 +12,14 @@ This module does not import vllm.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import asdict, dataclass, field, fields, replace
 from pathlib import Path
 from typing import Any
 
 from marsched.policy import CostModel, Policy, make_policy, parse_threshold
+from marsched.policy.boost import DEFAULT_BOOST_GAMMA
 from marsched.policy.program_rest import DEFAULT_REST, RestRule
 from marsched.policy.registry import SIMULATOR_ONLY, parse_rest, simulator_only_reason
 from marsched.policy.retention import DEFAULT_LIMIT_S, RetentionRule, parse_retention
@@ -79,6 +81,7 @@ class MarsConfig:
     # How a conversation's turns to come weigh in its key (`policy/program_rest.py`): gittins or mean,
     # learnt from the programs that ended (over HTTP a program's rest is never known: no plan).
     rest: str = DEFAULT_REST
+    boost_gamma: float = DEFAULT_BOOST_GAMMA  # γ of mars-boost's order, per device second (`policy/boost.py`)
     cost: CostSettings = field(default_factory=CostSettings)
     # A profile (bundled name or .json path, e.g. from `marsched calibrate`): its cost model
     # replaces `cost`, with vLLM's token budget. A relative path is read from the engine's
@@ -94,6 +97,9 @@ class MarsConfig:
                 raise ValueError("marsched config: give either 'profile' (a measured cost model) or 'cost', not both")
         if self.policy in SIMULATOR_ONLY:
             raise ValueError(f"marsched config 'policy': {self.policy} {simulator_only_reason(self.policy)}")
+        if (isinstance(self.boost_gamma, bool) or not isinstance(self.boost_gamma, (int, float))
+                or not (self.boost_gamma > 0 and math.isfinite(self.boost_gamma))):
+            raise ValueError(f"marsched config 'boost_gamma': give a number > 0, got {self.boost_gamma!r}")
         self.build_policy(token_budget=1)
         self.retention_rule()
         self.rest_rule()
@@ -188,5 +194,6 @@ class MarsConfig:
             self.cost_model(token_budget),
             predictor=predictor,
             refresh_interval=self.refresh_interval,
+            boost_gamma=float(self.boost_gamma),
             **kwargs,
         )

@@ -133,7 +133,7 @@ class ConversationSteps:
                                   list(tail))
         self._keeper.ended(conversation, now)
         self._tools.ended(conversation)
-        self._programs.adopt(conversation, tracked.prompt_tokens)
+        self._programs.adopt(conversation, tracked.prompt_tokens, tracked.arrival_t)
         groups = self.kv_cache_manager.get_blocks(request.request_id).blocks
         blocks = list(groups[0]) if len(groups) == 1 else []  # one KV group: full attention
         full = min(request.num_computed_tokens // self.cache_config.block_size, len(blocks))

@@ -1,13 +1,16 @@
 """A conversation's turns as one program to the scheduler: one starvation clock, one attained
-service, and the predicted rest of the program in each turn's ranking key.
+service, one arrival, and the predicted rest of the program in each turn's ranking key.
 
 Over HTTP each turn is a request of its own. Without this, a long agent program starts every turn
 with a fresh starvation counter, so it can wait up to the threshold at every turn, and the key
 ranks a turn alone. Here a follow-up turn starts with what its program has waited and been
-served so far (`RequestProgress.waited_iterations`, `waited_s`, `attained_iterations`), and
-carries a `ProgramOutlook`: the turns its program is expected to have left (from the programs
-that ended: a turn with `retain: false`, or a release), its reply length (the predicted one,
-or the program's mean so far) and its context growth per turn (the program's mean).
+served so far (`RequestProgress.waited_iterations`, `waited_s`, `attained_iterations`: Autellix's
+PLAS ranks by the last, as the simulator ranks a request's later calls), ranks by its program's
+first arrival where the order reads the arrival a request keeps across its calls in the simulator
+(`Policy.ranks_by_program_arrival`: mars-boost's `a`), and carries a `ProgramOutlook`: the turns
+its program is expected to have left (from the programs that ended: a turn with `retain: false`,
+or a release), its reply length (the predicted one, or the program's mean so far) and its context
+growth per turn (the program's mean).
 """
 
 from __future__ import annotations
@@ -32,21 +35,26 @@ class ProgramRecord:
     ended_turns: int = 0
     first_context: int = 0  # the first turn's prompt
     last_context: int = 0  # the latest turn's prompt
+    first_arrival_s: float = 0.0  # when the first turn arrived (the scheduler's clock)
 
 
 class ProgramLedger:
-    def __init__(self, limit: int = REMEMBERED, rest: RestRule = RestRule.MEAN) -> None:
+    def __init__(self, limit: int = REMEMBERED, rest: RestRule = RestRule.MEAN,
+                 program_arrival: bool = False) -> None:
         self._programs: OrderedDict[str, ProgramRecord] = OrderedDict()
         self._limit = limit
         self.lengths = ProgramLengths()
         # GITTINS: a turn's key is the Gittins rank over its program's turns left, as in the
         # simulator (`Policy.memory_time_form` with `RequestProgress.rest_counts`); MEAN: the mean.
         self.rest = rest
+        # A turn's `order_s` is its program's first arrival (`Policy.ranks_by_program_arrival`).
+        self.program_arrival = program_arrival
 
     def turn_arrives(self, conversation: str, progress: RequestProgress, predicted_tokens: int) -> None:
         """A turn of `conversation` arrives (its reply predicted at `predicted_tokens`): it takes
-        over its program's clocks and gets its outlook."""
-        record = self._programs.pop(conversation, None) or ProgramRecord(first_context=progress.context_tokens)
+        over its program's clocks and gets its outlook. `progress.order_s` is the turn's arrival."""
+        record = self._programs.pop(conversation, None) or ProgramRecord(first_context=progress.context_tokens,
+                                                                         first_arrival_s=progress.order_s)
         self._programs[conversation] = record
         while len(self._programs) > self._limit:
             self._programs.popitem(last=False)
@@ -56,15 +64,17 @@ class ProgramLedger:
         progress.waited_s += record.waited_s
         progress.attained_iterations += record.attained_iterations
         progress.attained_before_segment = progress.attained_iterations
+        if self.program_arrival:
+            progress.order_s = record.first_arrival_s
         progress.program = self._outlook(record, predicted_tokens)
         progress.rest_counts = self._counts(record)
 
-    def adopt(self, conversation: str, prompt_tokens: int) -> None:
-        """A request that arrived as no known program's turn (its conversation was not recognised
-        then) ends as its program's first turn: from now on it is followed (`turn_ends`)."""
+    def adopt(self, conversation: str, prompt_tokens: int, arrival_s: float) -> None:
+        """A request that arrived at `arrival_s` as no known program's turn (its conversation was
+        not recognised then) ends as its program's first turn: from now on it is followed (`turn_ends`)."""
         if conversation not in self._programs:
             self._programs[conversation] = ProgramRecord(turns=1, first_context=prompt_tokens,
-                                                         last_context=prompt_tokens)
+                                                         last_context=prompt_tokens, first_arrival_s=arrival_s)
             while len(self._programs) > self._limit:
                 self._programs.popitem(last=False)
 

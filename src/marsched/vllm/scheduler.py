@@ -79,6 +79,8 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         self._iteration = 0
         self.tau = IterationTime(self.mars_policy.cost)
         self._running_kv: int | None = None
+        # The device's KV capacity (the null block is never free): the Boost order's size is in device seconds.
+        self._kv_capacity_tokens = (self.kv_cache_manager.block_pool.num_gpu_blocks - 1) * self.cache_config.block_size
         self._outlooks: dict[str, KvOutlook] = {}  # admission's view of requests, this step (`_outlook`)
         self._tracked: dict[str, Tracked] = {}
         self._in_call: dict[str, Tracked] = {}  # requests inside a call
@@ -99,7 +101,8 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         self._keeper = ConversationKeeper(self.kv_cache_manager.block_pool, self.cache_config.block_size, self._swapper)
         self._gaps = GapEstimator()
         self._tools = ConversationTools()  # which tools each conversation's gaps follow
-        self._programs = ProgramLedger(rest=self.mars_config.rest_rule())
+        self._programs = ProgramLedger(rest=self.mars_config.rest_rule(),
+                                       program_arrival=self.mars_policy.ranks_by_program_arrival)
         # Conversations recognised from the prompt (`follow_ups.py`): vLLM hashes blocks with prefix caching on.
         self._follow_ups = (FollowUps() if self.mars_config.infer_conversations and self.cache_config.enable_prefix_caching
                             else None)
@@ -121,7 +124,8 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
     def _load(self) -> EngineLoad:
         if self._running_kv is None:
             self._running_kv = sum(r.num_computed_tokens for r in self.running)
-        return EngineLoad(time.monotonic(), self._running_kv, self.tau.seconds, self._host_free_tokens())
+        return EngineLoad(time.monotonic(), self._running_kv, self.tau.seconds, self._host_free_tokens(),
+                          self._kv_capacity_tokens)
 
     def _host_free_tokens(self) -> int:
         if self._swapper is None:
@@ -152,7 +156,7 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         running = [self._outlook(r) for r in self.running if r.request_id in self._tracked]
         pool = self.kv_cache_manager.block_pool
         block_tokens = self.cache_config.block_size
-        capacity_tokens = (pool.num_gpu_blocks - 1) * block_tokens  # the null block is never free
+        capacity_tokens = self._kv_capacity_tokens
         used_tokens = capacity_tokens - pool.get_num_free_blocks() * block_tokens
         batch_tokens = sum(-(-r.num_computed_tokens // block_tokens) * block_tokens for r in self.running)
         return self.mars_policy.admits_outlooks(self._outlook(request), running, max(used_tokens - batch_tokens, 0),
@@ -355,6 +359,9 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
                 tracked.kv = Kv.DEVICE
         for rid, tokens in scheduler_output.num_scheduled_tokens.items():
             self.waiting.queue.served(rid, tokens)
+            tracked = self._tracked.get(rid)
+            if tracked is not None:  # Autellix's attained service: one per step it ran in, as the simulator counts
+                tracked.progress.attained_iterations += 1
         now = None
         for outputs in (result or {}).values():
             for out in outputs.outputs:

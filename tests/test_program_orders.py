@@ -1,0 +1,128 @@
+"""mars-boost and autellix in the vLLM plugin's queue: a conversation's turns as one program.
+
+The plugin's objects, driven as `MarsScheduler` drives them: a turn arrives
+(`ProgramLedger.turn_arrives`, then the policy starts its segment), waits in the
+`RankedRequestQueue`, runs (one attained iteration per step it is scheduled in) and ends
+(`turn_ends`). mars-boost ranks a turn by its program's first arrival (the simulator's request
+keeps its arrival across its calls); autellix by the service its program attained over its
+earlier turns, with Autellix's anti-starvation ratio over that service.
+"""
+
+from __future__ import annotations
+
+from types import SimpleNamespace
+
+import pytest
+
+pytest.importorskip("vllm")
+
+from marsched.policy import EngineLoad, RequestProgress  # noqa: E402
+from marsched.policy.boost import boost_key  # noqa: E402
+from marsched.policy.plas import LEVEL_SPAN_S, STARVATION_RATIO, level_of  # noqa: E402
+from marsched.policy.program_rest import RestRule  # noqa: E402
+from marsched.vllm.config import MarsConfig  # noqa: E402
+from marsched.vllm.programs import ProgramLedger  # noqa: E402
+from marsched.vllm.ranked_queue import RankedRequestQueue  # noqa: E402
+from marsched.workload.model import build_request  # noqa: E402
+
+CAPACITY = 10_000  # device KV tokens
+
+
+class Plugin:
+    """The ledger and the queue of one scheduler, with its clock and iteration count."""
+
+    def __init__(self, policy: str, **config) -> None:
+        self.policy = MarsConfig(policy=policy, **config).build_policy(token_budget=256)
+        self.ledger = ProgramLedger(rest=RestRule.MEAN, program_arrival=self.policy.ranks_by_program_arrival)
+        self.now, self.iteration = 0.0, 0
+        self.progress: dict[str, RequestProgress] = {}
+        self.queue = RankedRequestQueue(self.policy, lambda r: self.progress[r.request_id], self.load,
+                                        lambda: self.iteration, lambda: self.now)
+
+    def load(self) -> EngineLoad:
+        return EngineLoad(self.now, 0, 0.01, 0, CAPACITY)
+
+    def arrive(self, rid: str, conversation: str, at_s: float, prompt_tokens: int = 100) -> RequestProgress:
+        self.now = at_s
+        progress = self.progress[rid] = RequestProgress(build_request(rid, prompt_tokens, [(10, None)]), order_s=at_s)
+        self.ledger.turn_arrives(conversation, progress, predicted_tokens=10)
+        self.policy.start_segment(progress, self.load())
+        self.queue.add_request(SimpleNamespace(request_id=rid))
+        return progress
+
+    def run(self, rid: str, steps: int, conversation: str) -> None:
+        """Admitted, scheduled in `steps` steps (the scheduler counts one attained iteration each), ended."""
+        progress = self.progress[rid]
+        self.queue.remove_request(SimpleNamespace(request_id=rid))
+        progress.attained_iterations += steps
+        progress.generated = 10
+        self.ledger.turn_ends(conversation, progress, last=False)
+
+    def order(self) -> list[str]:
+        return [r.request_id for r in self.queue]
+
+
+def test_a_later_turn_of_an_old_program_ranks_by_the_programs_first_arrival():
+    plugin = Plugin("mars-boost", boost_gamma=1.0)  # a boost of a few seconds: the arrival decides
+    plugin.arrive("old-1", "old", at_s=0.0)
+    plugin.run("old-1", 10, "old")
+    plugin.arrive("new-1", "new", at_s=500.0)
+    old = plugin.arrive("old-2", "old", at_s=1000.0, prompt_tokens=200)  # larger, and the last to arrive
+    assert plugin.order() == ["old-2", "new-1"]
+    assert old.order_s == 0.0 and plugin.progress["new-1"].order_s == 500.0
+    load = plugin.load()
+    size_s = plugin.policy.memory_time(old, load) / CAPACITY
+    assert plugin.policy.queue_key(old, load) == pytest.approx(boost_key(0.0, size_s, 1.0))
+
+
+def test_an_inferred_program_adopted_at_its_first_turns_end_keeps_that_turns_arrival():
+    ledger = ProgramLedger(program_arrival=True)
+    ledger.adopt("c", prompt_tokens=100, arrival_s=3.0)
+    follow_up = RequestProgress(build_request("c-2", 150, [(10, None)]), order_s=9.0)
+    ledger.turn_arrives("c", follow_up, predicted_tokens=10)
+    assert follow_up.order_s == 3.0
+
+
+def test_other_orders_keep_each_turns_own_arrival():
+    plugin = Plugin("mars")
+    plugin.arrive("a-1", "a", at_s=0.0)
+    plugin.run("a-1", 10, "a")
+    assert plugin.arrive("a-2", "a", at_s=7.0).order_s == 7.0
+
+
+def test_attained_service_accumulates_over_a_programs_turns_and_not_across_programs():
+    plugin = Plugin("autellix")
+    plugin.arrive("a-1", "a", at_s=0.0)
+    plugin.run("a-1", 10, "a")
+    second = plugin.arrive("a-2", "a", at_s=10.0)
+    fresh = plugin.arrive("b-1", "b", at_s=20.0)
+    assert (second.attained_iterations, second.attained_before_segment) == (10, 10)
+    assert fresh.attained_iterations == 0
+    # PLAS: the program's service picks the queue; b's first call goes first though it came later.
+    assert plugin.order() == ["b-1", "a-2"]
+    load = plugin.load()
+    assert plugin.policy.queue_key(second, load) == level_of(10, 0) * LEVEL_SPAN_S + 10.0
+    assert plugin.policy.queue_key(fresh, load) == 20.0
+    plugin.run("a-2", 10, "a")
+    plugin.run("b-1", 1, "b")
+    third = plugin.arrive("a-3", "a", at_s=30.0)
+    b_second = plugin.arrive("b-2", "b", at_s=40.0)
+    assert (third.attained_iterations, b_second.attained_iterations) == (20, 1)
+    assert level_of(20, 0) > level_of(10, 0) > level_of(1, 0) == 0
+    assert plugin.order() == ["b-2", "a-3"]
+
+
+def test_autellix_promotes_a_turn_that_waited_its_ratio_times_its_programs_service():
+    plugin = Plugin("autellix")
+    plugin.arrive("a-1", "a", at_s=0.0)
+    plugin.run("a-1", 10, "a")
+    plugin.iteration = 100
+    plugin.arrive("a-2", "a", at_s=1.0)
+    plugin.arrive("b-1", "b", at_s=2.0)
+    assert plugin.policy.starvation.per_service and plugin.policy.starvation.threshold == STARVATION_RATIO
+    waits = {}
+    for iteration in range(101, 200):
+        for progress in plugin.queue.promote_starving(iteration, 3.0):
+            waits[progress.request_id] = iteration - 100
+    # Waiting 8 times its service (its program's 10 iterations; at least 1 for a new program).
+    assert waits == {"b-1": STARVATION_RATIO * 1, "a-2": STARVATION_RATIO * 10}
