@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import Any
 
 from marsched.policy import CostModel, Policy, make_policy, parse_threshold
+from marsched.policy.learned_cost import CostSource
 from marsched.policy.boost import DEFAULT_BOOST_GAMMA
 from marsched.policy.program_rest import DEFAULT_REST, RestRule
 from marsched.policy.registry import SIMULATOR_ONLY, parse_rest, simulator_only_reason
@@ -33,8 +34,9 @@ ENV_VAR = "MARSCHED_CONFIG"
 class CostSettings:
     """The cost model the policy decides with (`marsched.policy.CostModel`).
 
-    Defaults are placeholders of the right order for a small model on one CPU socket;
-    measure your engine and set them. `token_budget=0` takes vLLM's
+    Defaults are placeholders of the right order for a small model on one CPU socket: the
+    scheduler replaces them with what it learns from the engine's own steps and copies
+    (`MarsConfig.learn_cost`). Constants set here are used as given. `token_budget=0` takes vLLM's
     `max_num_batched_tokens`.
     """
 
@@ -87,6 +89,9 @@ class MarsConfig:
     # replaces `cost`, with vLLM's token budget. A relative path is read from the engine's
     # working directory: give an absolute one to a server started elsewhere.
     profile: str | None = None
+    # Learn the cost model from the engine's own step times and copies (`policy/learned_cost.py`)
+    # where it would otherwise be a placeholder: never where a profile or constants were given.
+    learn_cost: bool = True
 
     def __post_init__(self) -> None:
         # Validate early, in the caller's process, with a clear message.
@@ -95,6 +100,8 @@ class MarsConfig:
                 raise ValueError(f"marsched config 'profile': give a profile name or a .json path, got {self.profile!r}")
             if self.cost != CostSettings():
                 raise ValueError("marsched config: give either 'profile' (a measured cost model) or 'cost', not both")
+        if not isinstance(self.learn_cost, bool):
+            raise ValueError(f"marsched config 'learn_cost': give true or false, got {self.learn_cost!r}")
         if self.policy in SIMULATOR_ONLY:
             raise ValueError(f"marsched config 'policy': {self.policy} {simulator_only_reason(self.policy)}")
         if (isinstance(self.boost_gamma, bool) or not isinstance(self.boost_gamma, (int, float))
@@ -174,6 +181,17 @@ class MarsConfig:
                 raise ValueError(f"marsched config 'profile': {error}") from None
         c = self.cost
         return CostModel(c.seconds_per_token, c.seconds_per_iteration, c.token_budget or token_budget, c.swap_tokens_per_s)
+
+    def cost_sources(self) -> tuple[CostSource, CostSource]:
+        """Where the iteration terms and the swap rate come from: a profile, constants given, or the
+        placeholders (which the scheduler learns over, when `learn_cost`)."""
+        if self.profile is not None:
+            return CostSource.PROFILE, CostSource.PROFILE
+        given, default = self.cost, CostSettings()
+        step_given = (given.seconds_per_token, given.seconds_per_iteration) != (default.seconds_per_token,
+                                                                               default.seconds_per_iteration)
+        return (CostSource.CONFIGURED if step_given else CostSource.PLACEHOLDER,
+                CostSource.CONFIGURED if given.swap_tokens_per_s != default.swap_tokens_per_s else CostSource.PLACEHOLDER)
 
     def build_policy(self, token_budget: int) -> Policy:
         length = parse_length_predictor(self.predictor, self.seed)

@@ -36,19 +36,21 @@ from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 from marsched.lifecycle import CallLifecycle, IterationTime
 from marsched.policy import Admission, EngineLoad, KvOutlook, RequestProgress
 from marsched.policy.cost_model import attention_pairs
+from marsched.policy.learned_cost import LearnedCost, StepShape
 from marsched.policy.retention import GapEstimator
 from marsched.vllm.call_steps import CallSteps
 from marsched.vllm.config import MarsConfig
 from marsched.vllm.conversation_steps import ENDED, ConversationSteps
 from marsched.vllm.faults import FaultIsolation
 from marsched.vllm.follow_ups import FollowUps
-from marsched.vllm.kv_swap import HostSwapConnector, SwapMeta
+from marsched.vllm.kv_swap import HostSwapConnector, SwapCopyStats, SwapMeta
 from marsched.vllm.ranked_queue import RankedRequestQueue
 from marsched.vllm.retention import HOST_KEY_PREFIX, ConversationKeeper
 from marsched.vllm.programs import ProgramLedger
 from marsched.vllm.running_order import RunningOrder
 from marsched.vllm.signals import engine_input_queue, wake_engine_on_shutdown_signals
 from marsched.vllm.snapshot import Inspection
+from marsched.vllm.step_clock import StepClock
 from marsched.vllm.told_predictions import ToldPredictions
 from marsched.vllm.tool_hints import ConversationTools
 from marsched.vllm.trace import open_trace
@@ -78,6 +80,12 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         self.mars_trace = open_trace(self.mars_config.trace_path, self.vllm_config.parallel_config.data_parallel_index)
         self._iteration = 0
         self.tau = IterationTime(self.mars_policy.cost)
+        # The cost model, learned from this engine's steps where no profile or constants were given
+        # (each data-parallel rank has its own scheduler, so learns its own).
+        self.mars_cost = LearnedCost(self.mars_policy.cost, *self.mars_config.cost_sources(),
+                                     learn=self.mars_config.learn_cost)
+        self._step_clock = StepClock()
+        self._schedule_t = 0.0
         self._running_kv: int | None = None
         # The device's KV capacity (the null block is never free): the Boost order's size is in device seconds.
         self._kv_capacity_tokens = (self.kv_cache_manager.block_pool.num_gpu_blocks - 1) * self.cache_config.block_size
@@ -204,9 +212,9 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
             self._fail(existing or request, error, "arrival" if existing is None else "next input chunk")
 
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
+        now = self._schedule_t = time.monotonic()
         self._end_failed()
         self._iteration += 1
-        now = time.monotonic()
         try:
             self._tend_kept(now)
         except Exception:  # noqa: BLE001 - kept conversations are an optimisation; the step goes on
@@ -332,6 +340,9 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         computed = {rid: self.requests[rid].num_computed_tokens for rid in scheduled if rid in self.requests}
         context_tokens = sum(computed.values())
         pairs = sum(attention_pairs(scheduled[rid], done - scheduled[rid]) for rid, done in computed.items())
+        if self.mars_cost.step is not None:
+            self._step_clock.scheduled(output, self._schedule_t,
+                                       StepShape(tokens, context_tokens, len(scheduled), pairs))
         self.tau.observe(self.mars_policy.cost.iteration_time(tokens, context_tokens, len(scheduled), pairs))
         pool = self.kv_cache_manager.block_pool
         self.lifecycle.scheduled(iterations=1, batch=len(scheduled), tokens=tokens, context_tokens=context_tokens,
@@ -371,7 +382,28 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
                     tracked.first_token_t = now
         if self._error_outputs:
             result = self._tell_errors(result if result is not None else {})
+        if self.mars_cost.learning:
+            self._learn_cost(scheduler_output, model_runner_output)
         return result
+
+    def _learn_cost(self, scheduler_output: Any, model_runner_output: Any) -> None:
+        """The step's measured time and the copies that landed in it, into the learned cost model;
+        the policy decides with the new one from the next step on."""
+        try:
+            changed = False
+            measured = self._step_clock.updated(scheduler_output, time.monotonic())
+            if measured is not None:
+                changed = self.mars_cost.observe_step(*measured)
+            connector_output = getattr(model_runner_output, "kv_connector_output", None)
+            copies = getattr(connector_output, "kv_connector_stats", None)
+            if isinstance(copies, SwapCopyStats) and copies.blocks:
+                changed |= self.mars_cost.observe_copies(copies.blocks, copies.blocks * self.cache_config.block_size,
+                                                         copies.seconds)
+            if changed:
+                self.mars_policy.cost = self.mars_cost.cost
+        except Exception:  # noqa: BLE001 - the cost model stays as it was; the engine goes on
+            logger.exception("marsched: learning the cost model failed; it stays as it was")
+            self.mars_cost.step = self.mars_cost.swap = None
 
     def _preempt_request(self, request: Request, timestamp: float, drop_stale_output: bool = False) -> None:
         tracked = self._tracked.get(request.request_id)

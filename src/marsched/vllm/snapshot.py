@@ -60,6 +60,7 @@ class Inspection:
             "policy": self.mars_policy.name,
             "retention": self._retention.name,
             "promotions": self.lifecycle.promotions,
+            "cost_model": self.mars_cost.snapshot(),
             "memory_time_in_flight": self._memory_time_in_flight(),
             **self._paused_by_strategy(),
             **self._keeper.snapshot(),
