@@ -237,12 +237,14 @@ class LearnedCost:
     """
 
     def __init__(self, start: CostModel, step_source: CostSource, swap_source: CostSource,
-                 settings: LearnSettings = LearnSettings()) -> None:
+                 settings: LearnSettings = LearnSettings(), learn: bool = True) -> None:
         self.start = start
         self._step_source = step_source
         self._swap_source = swap_source
-        self.step = StepTimeFit(terms_of(start), settings) if step_source is CostSource.PLACEHOLDER else None
-        self.swap = SwapRateFit(start.swap_tokens_per_s, settings) if swap_source is CostSource.PLACEHOLDER else None
+        learn_step = learn and step_source is CostSource.PLACEHOLDER
+        learn_swap = learn and swap_source is CostSource.PLACEHOLDER
+        self.step = StepTimeFit(terms_of(start), settings) if learn_step else None
+        self.swap = SwapRateFit(start.swap_tokens_per_s, settings) if learn_swap else None
         self.cost = start
 
     @property
