@@ -53,7 +53,8 @@ from marsched.vllm.kv_copy import KvMover, Transfer
 from marsched.vllm.kv_host import bytes_per_block, extra_config, mover_for
 from marsched.vllm.kv_prefix_store import PrefixStore
 
-logger = init_logger(__name__)
+# Under vLLM's logger: its handler prints INFO in the server's log; a marsched logger's would not show.
+logger = init_logger(f"vllm.{__name__}")
 
 CAPACITY_KEYS = ("host_tokens", "host_blocks", "host_bytes")
 DEFAULT_HOST_TOKENS = MarsConfig().host_swap_tokens  # what `marsched serve` gives the Swap connector
