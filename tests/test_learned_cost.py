@@ -79,6 +79,22 @@ def test_early_estimates_are_not_wild():
     assert all(t < 0.1 for t in fit.terms)  # nothing swings past a tenth of a second
 
 
+def test_the_prior_holds_what_the_steps_do_not_separate():
+    """Decode steps only: one token per sequence, so `a` and `d` always come together. The steps fix
+    their sum; the prior, their difference (the placeholders': 2e-5 − 0)."""
+    fit = StepTimeFit(terms_of(PLACEHOLDER), LearnSettings(min_steps=8))
+    rng = random.Random(5)
+    for _ in range(300):
+        contexts = [rng.randint(32, 2048) for _ in range(rng.randint(1, 32))]
+        shape = StepShape(len(contexts), sum(contexts), len(contexts), sum(contexts))
+        fit.observe(shape, _time(TRUE, shape) * math.exp(rng.gauss(0, 0.05)))
+    c, a, b, d, e = fit.fit()
+    assert a + d == pytest.approx(TRUE[1] + TRUE[3], rel=0.2)
+    assert _time((c, a, b, d, e), StepShape(16, 16_384, 16, 16_384)) == pytest.approx(
+        _time(TRUE, StepShape(16, 16_384, 16, 16_384)), rel=0.03)
+    assert a - d == pytest.approx(PLACEHOLDER.seconds_per_token - PLACEHOLDER.seconds_per_sequence, abs=1e-6)
+
+
 def test_constants_are_never_negative():
     fit = StepTimeFit(terms_of(PLACEHOLDER), LearnSettings(min_steps=4))
     rng = random.Random(2)
@@ -123,3 +139,50 @@ def test_bad_input_is_named():
         StepTimeFit((1.0, -1.0, 0, 0, 0))
     with pytest.raises(ValueError, match="swap-rate prior"):
         SwapRateFit(0.0)
+
+
+# --- where the plugin's cost model comes from, and how a step is timed ------------------------------
+
+
+def test_config_says_which_parts_are_learned():
+    from marsched.vllm.config import CostSettings, MarsConfig
+
+    assert MarsConfig().cost_sources() == (CostSource.PLACEHOLDER, CostSource.PLACEHOLDER)
+    assert MarsConfig(profile="llama3-8b-h100").cost_sources() == (CostSource.PROFILE, CostSource.PROFILE)
+    assert MarsConfig(cost=CostSettings(seconds_per_token=1e-4)).cost_sources() == (
+        CostSource.CONFIGURED, CostSource.PLACEHOLDER)
+    assert MarsConfig(cost=CostSettings(swap_tokens_per_s=5e5)).cost_sources() == (
+        CostSource.PLACEHOLDER, CostSource.CONFIGURED)
+    assert MarsConfig(cost=CostSettings(token_budget=512)).cost_sources() == (
+        CostSource.PLACEHOLDER, CostSource.PLACEHOLDER)  # the budget is not a cost
+    with pytest.raises(ValueError, match="learn_cost"):
+        MarsConfig(learn_cost="yes")
+    off = LearnedCost(PLACEHOLDER, *MarsConfig(learn_cost=False).cost_sources(), learn=False)
+    assert not off.learning and off.snapshot()["step_source"] == "placeholder"
+
+
+def test_a_profile_passed_to_the_scheduler_is_never_learned_over():
+    from marsched.vllm.config import MarsConfig
+
+    config = MarsConfig(profile="llama3-8b-h100")
+    cost = config.cost_model(token_budget=2048)
+    learned = LearnedCost(cost, *config.cost_sources(), LearnSettings(min_steps=1, min_swap_blocks=1))
+    for shape in _served_steps(50, random.Random(4)):
+        learned.observe_step(shape, _time(TRUE, shape))
+    learned.observe_copies(100, 1600, 0.5)
+    assert learned.cost == cost and learned.snapshot()["step_source"] == "profile"
+
+
+def test_step_clock_counts_the_engine_busy_not_idle():
+    from marsched.vllm.step_clock import StepClock
+
+    clock, shape = StepClock(), StepShape(1, 10, 1, 10)
+    first, second, third = object(), object(), object()
+    clock.scheduled(first, 10.0, shape)
+    assert clock.updated(first, 10.5) == (shape, 0.5)
+    clock.scheduled(second, 20.0, shape)  # idle from 10.5 to 20: not counted
+    assert clock.updated(second, 20.25) == (shape, 0.25)
+    # Asynchronous scheduling: the third is scheduled before the second's update; it counts from then.
+    clock.scheduled(third, 20.1, shape)
+    assert clock.updated(third, 20.45) == (shape, pytest.approx(0.2))
+    assert clock.updated(object(), 21.0) is None  # a step that computed nothing was not scheduled here

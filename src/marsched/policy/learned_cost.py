@@ -15,10 +15,11 @@ The fit (`StepTimeFit`):
   job) moves the fit by a bounded relative residual (below 1), not by its size;
 - sufficient statistics only (a 5×5 matrix and a vector), forgotten at `1/memory_steps` per step,
   so the estimate follows an engine whose speed drifts and costs O(1) memory;
-- a Gaussian prior at the starting constants (placeholders or `--seconds-per-*`), weighing
-  `prior_steps` steps in each term's own scale: a term the traffic does not separate (`d` beside
-  `a` while every step decodes, `e` beside `b` without prefills) stays near its prior share
-  instead of swinging;
+- a Gaussian prior at the starting constants (the placeholders), weighing `prior_steps` steps in
+  each term's own scale (moving a term by as much as explains an average step costs as much as
+  `prior_steps` steps off by 100%): where the traffic does not separate two terms (`a` beside `d`
+  while every step decodes) the data moves them together and the prior holds their difference,
+  so early estimates do not swing;
 - non-negative: every constant is a cost (exact, over the subsets of terms, as `bench/fit.py`);
 - it replaces the prior only after `min_steps` steps; refitted every `refit_every` steps.
 
@@ -189,7 +190,8 @@ class StepTimeFit:
         if not np.any(seen) or self.weight <= 0:
             return self.prior
         idx = np.flatnonzero(seen)
-        # The prior's precision per term: `prior_steps` average steps' worth of that term's information.
+        # The prior's precision per term: `prior_steps` average steps' worth of that term's information
+        # (moving a term by as much as explains a whole average step costs `prior_steps`).
         precision = self.settings.prior_steps * diagonal[idx] / self.weight
         h = self._xtx[np.ix_(idx, idx)] + np.diag(precision)
         g = self._xty[idx] + precision * beta[idx]
