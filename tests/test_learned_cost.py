@@ -186,3 +186,13 @@ def test_step_clock_counts_the_engine_busy_not_idle():
     clock.scheduled(third, 20.1, shape)
     assert clock.updated(third, 20.45) == (shape, pytest.approx(0.2))
     assert clock.updated(object(), 21.0) is None  # a step that computed nothing was not scheduled here
+
+
+def test_the_startup_line_says_where_the_cost_model_comes_from():
+    from marsched.serve.launch import cost_text
+    from marsched.vllm.config import CostSettings, MarsConfig
+
+    assert "step time and swap rate learned" in cost_text(MarsConfig())
+    assert cost_text(MarsConfig(profile="llama3-8b-h100")) == "cost model from profile llama3-8b-h100"
+    assert "not learned" in cost_text(MarsConfig(learn_cost=False))
+    assert cost_text(MarsConfig(cost=CostSettings(seconds_per_token=1e-4, swap_tokens_per_s=3.0))) == "cost model as given"

@@ -342,6 +342,9 @@ def serve(
     profile: Annotated[str | None, typer.Option(
         help="Cost model from a profile (a bundled name or a .json path, e.g. from `marsched calibrate`) instead "
              "of the placeholder --seconds-per-* defaults; the token budget stays vLLM's.")] = None,
+    learn_cost: Annotated[bool, typer.Option(
+        help="Learn the cost model from the engine's own step times and Swap copies where neither --profile nor "
+             "--seconds-per-*/--swap-tokens-per-s gives it (what it learned: /marsched/state, cost_model).")] = True,
     swap: Annotated[bool, typer.Option(help="Load the Swap strategy's KV connector (HostSwapConnector).")] = True,
     retention: Annotated[str, typer.Option(
         help="A conversation's KV between its turns (requests naming the same marsched 'conversation'): "
@@ -424,7 +427,7 @@ def serve(
                           predictor=predictor,
                           api_estimator=api_estimator, seed=seed,
                           trace_path=str(trace_out.absolute()) if trace_out else None, cost=cost,
-                          profile=profile, retention=retention, retention_limit_s=retention_limit_s, rest=rest,
+                          profile=profile, learn_cost=learn_cost, retention=retention, retention_limit_s=retention_limit_s, rest=rest,
                           boost_gamma=boost_gamma)
         options = ServeOptions(model, mars, host=host, port=port, swap=swap, state_endpoint=state_endpoint,
                                cpu_kv_cache_gib=cpu_kv_cache_gib, cpu_threads_bind=cpu_bind,

@@ -352,6 +352,21 @@ def stop_process_group(child: subprocess.Popen, grace_s: float = 30.0, leftovers
     return child.returncode
 
 
+def cost_text(mars: MarsConfig) -> str:
+    """Where the cost model comes from, for the startup line (`MarsConfig.cost_sources`)."""
+    from marsched.policy.learned_cost import CostSource
+
+    if mars.profile is not None:
+        return f"cost model from profile {mars.profile}"
+    step, swap = mars.cost_sources()
+    if step is swap is CostSource.CONFIGURED:
+        return "cost model as given"
+    if not mars.learn_cost:
+        return "cost model: placeholders (not learned)"
+    learned = [part for part, source in (("step time", step), ("swap rate", swap)) if source is CostSource.PLACEHOLDER]
+    return f"cost model: {' and '.join(learned)} learned from this engine (/marsched/state cost_model)"
+
+
 def describe(options: ServeOptions, env: dict[str, str], tool_parser: ParserChoice | None = None) -> str:
     m = options.mars
     parts = [f"policy {m.policy}"]
@@ -364,6 +379,7 @@ def describe(options: ServeOptions, env: dict[str, str], tool_parser: ParserChoi
         where = " (each request's plan or max_tokens)"
     parts.append(f"predictor {m.predictor}{where}")
     parts.append("swap connector" if options.swap else "no swap connector")
+    parts.append(cost_text(m))
     reserved = env.get("VLLM_CPU_NUM_OF_RESERVED_CPU")
     parts.append(f"CPU KV cache {env.get('VLLM_CPU_KVCACHE_SPACE')} GiB"
                  + (f", {reserved} reserved core{'s' * (reserved != '1')}" if reserved is not None else "")
