@@ -179,6 +179,12 @@ NAMES: tuple[VllmName, ...] = (
     VllmName("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase", "the layers to look up"),
     VllmName("vllm.model_executor.layers.attention_layer_base", "AttentionLayerBase.get_attn_backend",
              "the backend whose KV cache shape gives the block dimension"),
+    # --- the host prefix tier: HostPrefixTierConnector (vllm/prefix_tier.py), on stock vLLM's scheduler
+    VllmName(_BASE, "KVConnectorBase_V1.get_finished", "override: a finished request's save is done, free its blocks",
+             ("finished_req_ids",)),
+    VllmName("vllm.v1.request", "Request.block_hashes", "the prefix cache's chained block hashes: the tier's keys"),
+    VllmName("vllm.v1.request", "Request.num_in_flight_tokens", "tokens whose KV is not written yet: not saved"),
+    VllmName("vllm.v1.kv_cache_interface", "KVCacheConfig.hash_block_size", "one hash per block, checked"),
     # --- front end: request checks (vllm/validate.py)
     VllmName(_V1_LOGITS, "LogitsProcessor", "base of MarsRequestValidator (V1 runner)"),
     VllmName(_V1_LOGITS, "LogitsProcessor.validate_params",
@@ -276,6 +282,7 @@ OVERRIDES: tuple[tuple[str, str, str, str], ...] = (
     ("marsched.vllm.scheduler", "MarsScheduler", "vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
     ("marsched.bench.steps", "StepTimedScheduler", _SCHED, "Scheduler"),
     ("marsched.vllm.kv_swap", "HostSwapConnector", _BASE, "KVConnectorBase_V1"),
+    ("marsched.vllm.prefix_tier", "HostPrefixTierConnector", _BASE, "KVConnectorBase_V1"),
     ("marsched.vllm.ranked_queue", "RankedRequestQueue", "vllm.v1.core.sched.request_queue", "RequestQueue"),
     ("marsched.vllm.validate", "MarsRequestValidator", _V1_LOGITS, "LogitsProcessor"),
     ("marsched.vllm.validate", "MarsRequestValidator", _V2_LOGITS, "LogitsProcessor"),
