@@ -131,7 +131,8 @@ def test_serve_runs_mars_boost_and_autellix_with_their_settings(monkeypatch):
         assert result.exit_code == 0, result.output
     boost, autellix = (mars.build_policy(token_budget=256) for mars in seen)
     assert (boost.name, boost.boost_gamma, autellix.name) == ("mars-boost", 0.5, "autellix")
-    result = CliRunner().invoke(app, ["serve", "m", "--policy", "mars-boost", "--boost-gamma", "0"])
+    result = CliRunner().invoke(app, ["serve", "m", "--predictor", "oracle", "--policy", "mars-boost",
+                                      "--boost-gamma", "0"])
     assert result.exit_code == 2 and "--boost-gamma" in result.output
     with pytest.raises(ValueError, match="'boost_gamma': give a number > 0"):
         MarsConfig(policy="mars-boost", boost_gamma=-1.0)

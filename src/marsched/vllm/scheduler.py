@@ -336,6 +336,10 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         if not tokens:
             return
         scheduled = output.num_scheduled_tokens
+        for rid in scheduled:  # Autellix's attained service: one per step it runs in, as the simulator counts
+            tracked = self._tracked.get(rid)
+            if tracked is not None:
+                tracked.progress.attained_iterations += 1
         # vLLM has advanced each request's computed tokens by what it scheduled: cached plus new.
         computed = {rid: self.requests[rid].num_computed_tokens for rid in scheduled if rid in self.requests}
         context_tokens = sum(computed.values())
@@ -370,9 +374,6 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
                 tracked.kv = Kv.DEVICE
         for rid, tokens in scheduler_output.num_scheduled_tokens.items():
             self.waiting.queue.served(rid, tokens)
-            tracked = self._tracked.get(rid)
-            if tracked is not None:  # Autellix's attained service: one per step it ran in, as the simulator counts
-                tracked.progress.attained_iterations += 1
         now = None
         for outputs in (result or {}).values():
             for out in outputs.outputs:
