@@ -182,3 +182,17 @@ def test_first_and_later_segments_are_predicted_apart():
         length.observe_output(later, 200)
     assert length.predict_past(first) == 10
     assert length.predict_past(later) == round((30 + 200) / 2)
+
+
+def test_a_finish_teaches_what_was_generated_where_the_request_holds_only_a_plan():
+    """vLLM's requests hold max_tokens as their plan: online lengths must learn the reply served."""
+    from marsched.policy.progress import RequestProgress
+
+    policy = make_policy("mars", COST, SegmentPredictor(OnlineLength(), PastMeanApi()), rest="gittins")
+    planned = build_request("turn", 100, [(4096, None)])  # the plan: max_tokens
+    for _ in range(5):
+        policy.observe_finish(RequestProgress(planned, order_s=0.0), last_output_tokens=40)
+    past = RequestPast.of(build_request("next", 100, [(4096, None)]), 0)
+    assert policy.predictor.length.predict_past(past) == 40
+    policy.observe_finish(RequestProgress(planned, order_s=0.0))  # the simulator: the segment is what ran
+    assert policy.predictor.length.predict_past(past) > 40

@@ -342,10 +342,13 @@ class CallLifecycle:
             handle.wait_since_s = now
         self.emit("resume", handle, where=where)
 
-    def finished(self, handle: Any, e2e_s: float, ttft_s: float, status: str = "finished") -> None:
+    def finished(self, handle: Any, e2e_s: float, ttft_s: float, status: str = "finished",
+                 last_output_tokens: int | None = None) -> None:
+        """It left the engine; `last_output_tokens`: what its last segment generated, where the
+        request's segments hold only a plan (vLLM)."""
         self.paused_preserved.pop(handle.progress.request_id, None)
         if status == "finished":
-            self.policy.observe_finish(handle.progress)
+            self.policy.observe_finish(handle.progress, last_output_tokens)
         # How many segments it had is known only now (the arrival does not tell: the knowledge boundary).
         self.emit("finish", handle, e2e_s=e2e_s, ttft_s=ttft_s, status=status, strategies=list(handle.strategies),
                   preemptions=handle.preemptions, segments=handle.progress.segment_index + 1)

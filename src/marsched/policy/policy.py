@@ -329,15 +329,17 @@ class Policy:
         if before and before[-1].strategy is Strategy.DISCARD:
             self.ttl.observe_queue_delay(wait_s)
 
-    def observe_finish(self, progress: RequestProgress) -> None:
+    def observe_finish(self, progress: RequestProgress, last_output_tokens: int | None = None) -> None:
         """A program finished: its turns feed the TTL rule's η, and its segments what the policy
-        learns of the rest of programs (`program_rest.py`)."""
+        learns of the rest of programs (`program_rest.py`). `last_output_tokens`: what the last
+        segment generated, where the request's segments hold a plan instead (vLLM: max_tokens)."""
         request = progress.request
         if self.ttl is not None:
             self.ttl.observe_program(len(request.segments))
         if not self.knows_future:
             last = len(request.segments) - 1
-            self.predictor.observe_output(RequestPast.of(request, last), request.segments[last].output_tokens)
+            output = request.segments[last].output_tokens if last_output_tokens is None else last_output_tokens
+            self.predictor.observe_output(RequestPast.of(request, last), output)
             self.program_rest.ended(request.task_class, request.segments)
 
     def host_full_fallback(self, progress: RequestProgress, load: EngineLoad) -> Strategy:
