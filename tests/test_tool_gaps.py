@@ -408,7 +408,7 @@ class Engine:
 
 
 def serve(raw: bytes, messages: list[bytes], streamed: bool = False, engine: Engine | None = None,
-          path: str = "/v1/chat/completions", status: int = 200) -> dict:
+          path: str = "/v1/chat/completions", status: int = 200, read_calls=None) -> dict:
     """`raw` through the middleware to an app answering `messages` (one body message each)."""
     engine = engine or Engine()
     seen: dict = {"body": b"", "sent": [], "app_body": None, "engine": engine}
@@ -432,7 +432,7 @@ def serve(raw: bytes, messages: list[bytes], streamed: bool = False, engine: Eng
 
     async def run():
         fake = SimpleNamespace(state=SimpleNamespace(engine_client=SimpleNamespace(
-            engine_core=SimpleNamespace(abort_requests_async=engine.abort))))
+            engine_core=SimpleNamespace(abort_requests_async=engine.abort)), marsched_completion_tools=read_calls))
         middleware = ToolGapsMiddleware(app)
         scope = {"type": "http", "method": "POST", "path": path, "headers": [], "app": fake}
         await middleware(scope, receive, send)
@@ -669,3 +669,87 @@ def test_called_hints_round_trip_and_bad_ones_are_none():
     assert read_called("mars-1\x1fa,b") == ("mars-1", ("a", "b"))
     assert called_id("", ["a"]) is None and called_id("r", []) is None
     assert read_called("no separator") is None and read_called("\x1fa") is None and read_called("r\x1f") is None
+
+
+# --- completions: the server's tool-call parser reads the text -----------------------------------
+
+
+def completion_reply(text: str, finish: str = "stop") -> bytes:
+    return json.dumps({"id": "cmpl-1", "object": "text_completion",
+                       "choices": [{"index": 0, "text": text, "finish_reason": finish}]}).encode()
+
+
+def completion_stream(text: str, finish: str = "stop") -> list[bytes]:
+    def event(piece, finish_reason=None):
+        chunk = {"id": "cmpl-1", "object": "text_completion",
+                 "choices": [{"index": 0, "text": piece, "finish_reason": finish_reason}]}
+        return b"data: " + json.dumps(chunk).encode() + b"\n\n"
+
+    pieces = [text[i:i + 3] for i in range(0, len(text), 3)]
+    return [event(p) for p in pieces[:-1]] + [event(pieces[-1], finish), b"data: [DONE]\n\n"]
+
+
+def pythonic_reader():
+    """The reader `completion_calls` builds, on vLLM's pythonic parser (the test servers' own)."""
+    pytest.importorskip("vllm")
+    from vllm.tool_parsers.pythonic_tool_parser import PythonicToolParser
+
+    from marsched.serve.completion_tools import completion_calls
+
+    serving = SimpleNamespace(parser_cls=SimpleNamespace(tool_parser_cls=PythonicToolParser),
+                              renderer=SimpleNamespace(tokenizer=None))
+    state = SimpleNamespace(openai_serving_chat=serving)
+    reader = completion_calls({"app": SimpleNamespace(state=state)})
+    assert reader is not None and completion_calls({"app": SimpleNamespace(state=state)}) is reader  # built once
+    return reader
+
+
+CALL_TEXT = "[get_weather(city='paris'), calc(expression='6*7')]"
+
+
+@pytest.mark.parametrize("streamed", [False, True])
+def test_a_completion_whose_text_the_parser_reads_as_calls_starts_the_pause(streamed):
+    read_calls = pythonic_reader()
+    messages = completion_stream(CALL_TEXT) if streamed else [completion_reply(CALL_TEXT)]
+    seen = serve(with_rid(), messages, streamed=streamed, path="/v1/completions", read_calls=read_calls)
+    assert seen["body"] == b"".join(messages)
+    assert seen["hints"] == [[f"{CALLED_PREFIX}mars-1\x1fget_weather,calc"]]
+
+
+@pytest.mark.parametrize("case", ["no call in the text", "cut at length", "stream cut at length", "no parser"])
+def test_a_completion_calls_nothing_without_a_parser_or_a_call_it_reads(case):
+    read_calls, messages, streamed = pythonic_reader(), [completion_reply(CALL_TEXT)], False
+    if case == "no call in the text":
+        messages = [completion_reply("sunny and 20 degrees")]
+    elif case == "cut at length":
+        messages = [completion_reply(CALL_TEXT, finish="length")]
+    elif case == "stream cut at length":
+        messages, streamed = completion_stream(CALL_TEXT, finish="length"), True
+    elif case == "no parser":
+        read_calls = None
+    seen = serve(with_rid(), messages, streamed=streamed, path="/v1/completions", read_calls=read_calls)
+    assert seen["hints"] == [] and seen["body"] == b"".join(messages)
+
+
+def test_no_reader_without_a_tool_parser_or_a_chat_serving_object():
+    from marsched.serve.completion_tools import completion_calls
+
+    none = SimpleNamespace(openai_serving_chat=SimpleNamespace(parser_cls=None))
+    assert completion_calls({"app": SimpleNamespace(state=none)}) is None and none.marsched_completion_tools is None
+    starting = SimpleNamespace()  # vLLM has not set up its serving objects yet: asked again later
+    assert completion_calls({"app": SimpleNamespace(state=starting)}) is None
+    assert not hasattr(starting, "marsched_completion_tools")
+
+
+def test_names_in_takes_only_calls_the_parser_says_were_made():
+    from marsched.serve.completion_tools import names_in
+
+    call = SimpleNamespace(function=SimpleNamespace(name="calc"))
+    made = SimpleNamespace(extract_tool_calls=lambda text, request: SimpleNamespace(tools_called=True, tool_calls=[call]))
+    half = SimpleNamespace(extract_tool_calls=lambda text, request: SimpleNamespace(tools_called=False, tool_calls=[call]))
+
+    def choke(text, request):
+        raise ValueError(text)
+
+    assert names_in(made, "x", None) == ["calc"]
+    assert names_in(half, "x", None) == [] and names_in(SimpleNamespace(extract_tool_calls=choke), "x", None) == []

@@ -18,8 +18,17 @@ to the client before it is looked at, and the hint is sent after the last one, i
 task; a failure to send it is logged. Streamed replies (`text/event-stream`) are read line by
 line, and only the events that can hold a tool call are parsed as JSON; a non-streamed reply is
 parsed once, at its end, if it mentions `tool_calls`. A reply beyond MAX_BODY_BYTES (or a stream
-line beyond it) is not read. `/v1/completions` has no structured tool calls: there the client
-states the tool in the next turn's `tool` field (`marsched.vllm.metadata`).
+line beyond it) is not read.
+
+`/v1/completions` has no structured tool calls. A client that uses it for a tool loop writes the
+model's own chat template and reads the model's own call syntax from the text, which is exactly
+what vLLM's tool-call parser reads on chat. So when the server has one (`--tool-call-parser`,
+or the one `marsched serve` picks), each choice of a completion that ended by itself (`stop`, not
+`length`) is given to that parser (`completion_tools.py`), and the calls it finds start the pause.
+Nothing else about a completion is evidence of a call: a stop string the client set may as well
+end the answer, and chat does not pause on an answer either. Without a parser, or for text the
+parser reads no call in, a completion starts no pause; a client can still state its tool in the
+next turn's `tool` field (`marsched.vllm.metadata`).
 
 Requests naming no conversation, bodies that are not JSON or whose marsched field is malformed,
 and every other path pass through as they came.
@@ -36,8 +45,10 @@ from typing import Any
 
 from marsched.serve.affinity import Turn
 from marsched.serve.asgi_body import MESSAGES_PATH, RESPONSES_PATH, post_body, replay_body
+from marsched.serve.completion_tools import ReadCalls, completion_calls
 
 PATH = "/v1/chat/completions"
+COMPLETIONS_PATH = "/v1/completions"
 MAX_BODY_BYTES = 8 << 20  # what is kept of a non-streamed reply, or of one line of a stream, to read it
 HINT_TIMEOUT_S = 10.0
 CALLS_TOOLS = ("tool_calls", "stop")  # finish reasons of a reply that calls tools (`stop`: a named tool_choice)
@@ -51,10 +62,13 @@ class Reply(str, Enum):
     CHAT = "chat"  # choices[].message.tool_calls / delta.tool_calls, finish_reason tool_calls
     MESSAGES = "messages"  # content[] blocks of type tool_use, stop_reason tool_use
     RESPONSES = "responses"  # output[] items of type function_call
+    COMPLETION = "completion"  # choices[].text, read by the server's tool-call parser
 
 
-SHAPES = {PATH: Reply.CHAT, MESSAGES_PATH: Reply.MESSAGES, RESPONSES_PATH: Reply.RESPONSES}
-MARKS = {Reply.CHAT: b"tool_calls", Reply.MESSAGES: b"tool_use", Reply.RESPONSES: b"function_call"}
+SHAPES = {PATH: Reply.CHAT, MESSAGES_PATH: Reply.MESSAGES, RESPONSES_PATH: Reply.RESPONSES,
+          COMPLETIONS_PATH: Reply.COMPLETION}
+MARKS = {Reply.CHAT: b"tool_calls", Reply.MESSAGES: b"tool_use", Reply.RESPONSES: b"function_call",
+         Reply.COMPLETION: b'"text"'}
 
 
 @dataclass(slots=True)
@@ -66,9 +80,11 @@ class ReplyWatch:
     streamed: bool = False
     done: bool = False  # its last message went by
     unread: bool = False  # too large, or not what a reply of its shape looks like: no tools to tell
+    read_calls: ReadCalls | None = None  # a completion's text -> the tools it calls (the server's parser)
     _buffer: bytearray = field(default_factory=bytearray)
     _names: dict[int, list[str]] = field(default_factory=dict)  # choice index -> the tools it called
     _finish: dict[int, str] = field(default_factory=dict)  # choice index -> its finish reason
+    _texts: dict[int, list[str]] = field(default_factory=dict)  # choice index -> a completion's text, in pieces
 
     def feed(self, message: dict[str, Any]) -> None:
         """Never raises: a response we cannot read is one we tell nothing about."""
@@ -84,6 +100,8 @@ class ReplyWatch:
             return []
         if self.shape is Reply.RESPONSES:  # a function_call item is a call; the reply ends there
             return self._names.get(0, [])
+        if self.shape is Reply.COMPLETION:
+            return self._completion_tools()
         calls = CALLS_TOOLS if self.shape is Reply.CHAT else ("tool_use",)
         return [name for index, names in sorted(self._names.items())
                 if self._finish.get(index) in calls for name in names]
@@ -130,7 +148,7 @@ class ReplyWatch:
                 continue
             data = line[5:].strip()
             # Only a tool call's events, and the finish of a choice that made one, need reading.
-            if mark in data or (self._names and b"finish_reason" in data):
+            if mark in data or ((self._names or self._texts) and b"finish_reason" in data):
                 self._read_chunk(json.loads(data))
 
     def _read_chunk(self, chunk: Any) -> None:
@@ -147,6 +165,10 @@ class ReplyWatch:
         if self.shape is Reply.RESPONSES:  # each output item once, when it is done
             if chunk.get("type") == "response.output_item.done" and isinstance(chunk.get("item"), dict):
                 self._item(chunk["item"])
+            return
+        if self.shape is Reply.COMPLETION:  # each chunk carries the next piece of each choice's text
+            for index, choice in _choices(chunk):
+                self._text(index, choice)
             return
         for index, choice in _choices(chunk):
             delta = choice.get("delta")
@@ -167,9 +189,28 @@ class ReplyWatch:
                 if isinstance(item, dict):
                     self._item(item)
             return
+        if self.shape is Reply.COMPLETION:
+            for index, choice in _choices(reply):
+                self._text(index, choice)
+            return
         for index, choice in _choices(reply):
             message = choice.get("message")
             self._note(index, message.get("tool_calls") if isinstance(message, dict) else None, choice)
+
+    def _text(self, index: int, choice: dict[str, Any]) -> None:
+        text = choice.get("text")
+        if isinstance(text, str) and text:
+            self._texts.setdefault(index, []).append(text)
+        finish = choice.get("finish_reason")
+        if isinstance(finish, str):
+            self._finish[index] = finish
+
+    def _completion_tools(self) -> list[str]:
+        """The tools the server's parser reads in each choice that ended by itself (not cut at length)."""
+        if self.read_calls is None:
+            return []
+        return [name for index, pieces in sorted(self._texts.items()) if self._finish.get(index) == "stop"
+                for name in self.read_calls("".join(pieces))]
 
     def _block(self, block: dict[str, Any]) -> None:
         if block.get("type") == "tool_use" and isinstance(block.get("name"), str) and block["name"]:
@@ -230,7 +271,12 @@ class ToolGapsMiddleware:
         if (turn is None and rid is None) or (turn is not None and turn.last):  # nothing to tell, or no follow-up
             await self.app(scope, replay_body(raw, receive), send)
             return
-        watch = ReplyWatch(SHAPES[scope["path"]])
+        shape = SHAPES[scope["path"]]
+        read_calls = completion_calls(scope) if shape is Reply.COMPLETION else None
+        if shape is Reply.COMPLETION and read_calls is None:  # no parser: a completion's text says nothing
+            await self.app(scope, replay_body(raw, receive), send)
+            return
+        watch = ReplyWatch(shape, read_calls=read_calls)
 
         async def watching(message: dict[str, Any]) -> None:
             await send(message)  # the client's first
