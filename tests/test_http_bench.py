@@ -15,6 +15,7 @@ from marsched.experiments.http_bench.engine_queue import gauges, queue_stats
 from marsched.experiments.http_bench.records import RunRecord
 from marsched.experiments.http_bench.run import INTERRUPTED_EXIT, MISMATCH_EXIT, loadgen_command, run_plan
 from marsched.loadgen.session import Session, TextPrompt, Turn
+from marsched.vllm.config import MarsConfig
 
 # --- the summary ----------------------------------------------------------------------------------
 
@@ -125,7 +126,8 @@ def test_the_core_binding_is_read_from_the_log_and_must_be_the_same_for_all():
         binding.check_same_binding({"a": same, "b": None})
 
 
-def test_every_server_gets_the_same_engine_and_only_the_scheduler_differs():
+def test_every_server_gets_the_same_engine_and_only_the_scheduler_differs(monkeypatch):
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
     engine = configs.Engine("/m", kv_blocks=33, seed=7, extra=("--dtype", "float32"), marsched_extra=("--no-swap",))
     commands = {c: configs.server_command(c, engine, 8000, 4.5) for c in configs.CONFIGS}
     tails = {c: command[-len(configs.vllm_options(engine)):] for c, command in commands.items()}
@@ -135,6 +137,19 @@ def test_every_server_gets_the_same_engine_and_only_the_scheduler_differs():
     assert "marsched.cli" not in stock and stock[stock.index("--logits-processors") + 1].endswith(":BenchReplyLength")
     for name in ("vllm", "infercept", "continuum", "autellix", "mars"):
         assert "--bench-reply-lengths" in commands[name] and "--no-swap" in commands[name]
+    # The host tier: stock vLLM's server and options with one connector more, the Swap connector's
+    # host memory, and the cores stock vLLM computes on.
+    host = commands["vllm-stock-host"]
+    transfer = host.index("--kv-transfer-config")
+    assert host[:2] == ["env", "VLLM_CPU_NUM_OF_RESERVED_CPU=1"]
+    assert host[2:transfer] + host[transfer + 2:] == stock
+    tier = json.loads(host[transfer + 1])
+    assert (tier["kv_connector"], tier["kv_connector_module_path"]) == ("HostPrefixTierConnector",
+                                                                        "marsched.vllm.prefix_tier")
+    assert tier["kv_connector_extra_config"] == {"host_tokens": MarsConfig().host_swap_tokens}
+    assert configs.DESCRIPTIONS["vllm-stock-host"].startswith("stock vLLM")
+    monkeypatch.setenv("VLLM_CPU_NUM_OF_RESERVED_CPU", "0")  # a caller's choice binds every server alike
+    assert configs.server_command("vllm-stock-host", engine, 8000, 4.5)[1] == "VLLM_CPU_NUM_OF_RESERVED_CPU=0"
     for name in ("vllm", "infercept", "autellix"):
         assert commands[name][commands[name].index("--policy") + 1] == name
         assert configs.DESCRIPTIONS[name].startswith(f"marsched serve --policy {name}")

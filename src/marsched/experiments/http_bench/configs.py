@@ -5,6 +5,12 @@ engine options and seed; only the scheduler differs:
 
 - `vllm-stock`: stock vLLM's OpenAI server (the module `python -m vllm.entrypoints.openai.api_server`
   runs, and `marsched serve` too), prefix caching on, with the bench's reply-length processor;
+- `vllm-stock-host`: the same stock server with a host prefix tier (`marsched.vllm.prefix_tier`, a KV
+  connector: finished requests' full blocks kept in host memory by block hash, LRU, loaded back on a
+  prefix hit) of the host memory the marsched configurations' Swap connector gets
+  (`MarsConfig.host_swap_tokens`); vLLM's own OffloadingConnector refuses the CPU. With a KV connector
+  vLLM reserves one core more for its engine core, so it is told to reserve what stock vLLM does
+  (`VLLM_CPU_NUM_OF_RESERVED_CPU`, as `marsched serve` does): every server computes on the same cores;
 - `vllm`: `marsched serve --policy vllm` (stock vLLM's rule inside marsched's scheduler plugin);
 - `infercept`: `marsched serve --policy infercept`;
 - `continuum`: `marsched serve --policy mars --retention fixed:T`: every conversation's KV is
@@ -25,6 +31,8 @@ Every marsched server gets `--bench-reply-lengths`. The old conversation benchma
 
 from __future__ import annotations
 
+import json
+import os
 import statistics
 import sys
 from collections.abc import Sequence
@@ -33,15 +41,19 @@ from dataclasses import dataclass
 from marsched.experiments.conversations.servers import ENTRY
 from marsched.loadgen.reply_length import PROCESSOR
 from marsched.loadgen.session import Session, shape_gap
+from marsched.serve.launch import stock_reserved_cores
+from marsched.vllm.config import MarsConfig
 
-CONFIGS = ("vllm-stock", "vllm", "infercept", "continuum", "autellix", "mars")
+CONFIGS = ("vllm-stock", "vllm-stock-host", "vllm", "infercept", "continuum", "autellix", "mars")
 BASELINE = "vllm-stock"
+STOCK_HOST = "vllm-stock-host"
 FOCUS = "mars"  # the configuration the summary compares with the best of the others
 ORACLE = "mars-oracle"  # a diagnostic: FOCUS told the true lengths; never a baseline
 KNOWN = (*CONFIGS, ORACLE)
 
 DESCRIPTIONS = {
     "vllm-stock": "stock vLLM OpenAI server, prefix caching on",
+    STOCK_HOST: "stock vLLM OpenAI server, prefix caching on, a host prefix tier of the Swap connector's host memory",
     "vllm": "marsched serve --policy vllm",
     "infercept": "marsched serve --policy infercept",
     "continuum": ("marsched serve --policy mars --retention fixed:T "
@@ -85,11 +97,27 @@ def vllm_options(engine: Engine) -> list[str]:
             "--disable-uvicorn-access-log", *engine.extra]
 
 
+def host_tier_config() -> dict:
+    """`--kv-transfer-config` of `vllm-stock-host`: the tier holds as many tokens as `marsched serve`
+    gives the Swap connector."""
+    return {"kv_connector": "HostPrefixTierConnector", "kv_role": "kv_both",
+            "kv_connector_module_path": "marsched.vllm.prefix_tier",
+            "kv_connector_extra_config": {"host_tokens": MarsConfig().host_swap_tokens}}
+
+
 def server_command(config: str, engine: Engine, port: int, fixed_s: float) -> list[str]:
     """The argv that starts `config`'s server on `port`; `fixed_s` is continuum's T."""
+    stock = [sys.executable, "-m", ENTRY, "--model", engine.model, "--host", "127.0.0.1", "--port", str(port),
+             "--logits-processors", PROCESSOR]
     if config == BASELINE:
-        return [sys.executable, "-m", ENTRY, "--model", engine.model, "--host", "127.0.0.1", "--port", str(port),
-                "--logits-processors", PROCESSOR, *vllm_options(engine)]
+        return [*stock, *vllm_options(engine)]
+    if config == STOCK_HOST:
+        # A KV connector makes vLLM reserve one core more (for NIXL's thread): on two cores the model
+        # would compute on both, stock vLLM on one. Reserve what stock does, unless the caller set it.
+        reserved = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU",
+                                  str(stock_reserved_cores(tuple(vllm_options(engine)))))
+        return ["env", f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserved}", *stock,
+                "--kv-transfer-config", json.dumps(host_tier_config(), separators=(",", ":")), *vllm_options(engine)]
     marsched = [sys.executable, "-m", "marsched.cli", "serve", engine.model, "--port", str(port),
                 "--seed", str(engine.seed), "--bench-reply-lengths"]
     if config in ("vllm", "infercept", "autellix"):
