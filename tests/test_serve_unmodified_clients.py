@@ -174,6 +174,52 @@ def test_the_openai_sdk_gets_its_follow_ups_kept_with_no_field_of_ours(server, c
     print(check(server, before, start, first_ids, TURNS + 1))
 
 
+# --- completions: the server's tool-call parser reads the text ----------------------------------
+
+CALL = "[get_weather(city='paris')]"  # the pythonic parser's syntax, which the test servers use
+
+
+def completion_text(client, server: Server, prompt: str, stream: bool, pattern: str) -> tuple[str, str]:
+    """One completion forced to `pattern` by structured outputs: its id and text."""
+    request = dict(model=server.model, prompt=prompt, temperature=0, max_tokens=40,
+                   extra_body={"structured_outputs": {"regex": pattern}})
+    if not stream:
+        response = client.completions.create(**request)
+        assert response.choices[0].finish_reason == "stop", response
+        return response.id, response.choices[0].text
+    reply_id, text = None, ""
+    for chunk in client.completions.create(stream=True, **request):
+        reply_id = chunk.id
+        text += "".join(choice.text for choice in chunk.choices)
+    return reply_id, text
+
+
+def completion_conversation(client, server: Server, name: str, stream: bool, pattern: str) -> str:
+    prompt = f"{SYSTEM}\n{name} what is the weather in paris\n"
+    first_id = None
+    for turn in range(TURNS):
+        reply_id, text = completion_text(client, server, prompt, stream, pattern)
+        first_id = first_id or reply_id
+        prompt += text + f"\nresult sunny and {20 + turn} degrees\n"
+    client.completions.create(model=server.model, prompt=prompt, temperature=0, max_tokens=4)
+    return first_id
+
+
+def test_a_completions_tool_loop_gets_its_follow_ups_kept_by_the_parser(server, client):
+    run = uuid.uuid4().hex[:8]
+    before, start = counters(server), trace_length(server)
+    pattern = CALL.replace("[", "\\[").replace("]", "\\]").replace("(", "\\(").replace(")", "\\)")
+    first_ids = [completion_conversation(client, server, f"completions-{run}-{index}", index % 2 == 1, pattern)
+                 for index in range(4)]
+    print(check(server, before, start, first_ids, TURNS + 1))
+    # The same loop whose replies are text the parser reads no call in: recognised, and nothing kept.
+    before = counters(server)
+    completion_conversation(client, server, f"completions-{run}-plain", False, "sunny and warm")
+    after = counters(server)
+    assert after["marsched_follow_ups_matched_total"] - before["marsched_follow_ups_matched_total"] == TURNS
+    assert after["marsched_retention_hits_total"] == before["marsched_retention_hits_total"]
+
+
 # --- the OpenAI Agents SDK ---------------------------------------------------------------------
 
 
