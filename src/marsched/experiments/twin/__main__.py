@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from marsched.bench.engine_config import BLOCK_TOKENS
 from marsched.experiments.http_bench.configs import CONFIGS, Engine, check_configs
 from marsched.experiments.twin.configs import SIM_POLICY
 from marsched.experiments.twin.loads import parse_loads
@@ -28,11 +29,14 @@ TOKEN_SCALE = 0.03
 GAP_SCALE = 0.1
 MAX_GAP_S = 10.0
 MAX_TURNS = 20
-KV_BLOCKS = 256  # 32,768 tokens: the longest context fits alone; about nine median ones fit together
+KV_BLOCKS = 257  # 32,768 tokens and vLLM's null block: the longest context fits alone, about nine median ones together
 MAX_MODEL_LEN = 32768
 MAX_NUM_SEQS = 64
 MAX_NUM_BATCHED_TOKENS = 4096
 GRID = "0.05,0.1,0.2,0.3,0.5,0.8,1.2"
+# The live servers predict as their twins do: from the replies served (filler text has nothing a
+# learned head could read; `marsched serve`'s own default reads the text).
+LIVE_PREDICTOR = "online"
 
 
 def parse(argv: list[str] | None = None) -> argparse.Namespace:
@@ -85,6 +89,10 @@ def plan_of(args: argparse.Namespace) -> TwinPlan:
                         ("--max-num-seqs", args.max_num_seqs), ("--max-num-batched-tokens", args.max_num_batched_tokens)):
         if value < 1:
             raise ValueError(f"{flag} {value}: give a number >= 1")
+    if (args.kv_blocks - 1) * BLOCK_TOKENS < args.max_model_len:  # vLLM's null block holds nothing
+        raise ValueError(f"--kv-blocks {args.kv_blocks}: vLLM refuses a cache that cannot hold one "
+                         f"--max-model-len {args.max_model_len} context; give at least "
+                         f"{-(-args.max_model_len // BLOCK_TOKENS) + 1}")
     if not Path(args.profile).is_file():
         raise ValueError(f"--profile {args.profile}: no such file (make it with `marsched calibrate --out`)")
     load = LoadgenOptions("http://127.0.0.1:1", CLAUDE_CODE, None, 1.0, args.duration, args.seed, args.gap_scale,
@@ -100,7 +108,8 @@ def plan_of(args: argparse.Namespace) -> TwinPlan:
     elif not pin_s > 0:
         raise ValueError(f"--pin-s {pin_s:g}: give a number of seconds > 0")
     batch = ("--max-num-seqs", str(args.max_num_seqs), "--max-num-batched-tokens", str(args.max_num_batched_tokens))
-    engine = Engine(args.model, args.kv_blocks, args.max_model_len, args.seed, batch, tuple(args.marsched_arg))
+    marsched_args = ("--predictor", LIVE_PREDICTOR, *args.marsched_arg)  # a later --predictor wins
+    engine = Engine(args.model, args.kv_blocks, args.max_model_len, args.seed, batch, marsched_args)
     sim_engine = SimEngine(args.profile, args.kv_blocks, args.max_num_seqs, args.max_num_batched_tokens)
     return TwinPlan(tuple(configs), loads, grid, args.repeats, engine, sim_engine, load, pin_s, Path(args.out),
                     args.sim_only)

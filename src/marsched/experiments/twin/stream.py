@@ -6,8 +6,8 @@ simulator's request with the replay's shaping applied the way loadgen applies it
 
 - token counts × ``--token-scale`` (`workload.token_scale.scale_tokens`, before the draw, as
   `loadgen.claude_code` scales its sessions);
-- cut to its first ``--max-turns`` model calls; the last call kept has no tool after it (loadgen
-  ends the conversation with that reply);
+- cut to its first ``--max-turns`` model calls; nothing is waited for after the last reply
+  (loadgen ends the conversation with it): a call there takes no time;
 - every tool gap shaped by ``--gap-scale`` and ``--max-gap-s`` (`loadgen.session.shape_gap`);
 - a subagent whose parent's calling turn was cut is left out, as loadgen leaves it out.
 """
@@ -25,15 +25,18 @@ from marsched.workload.token_scale import scale_tokens
 
 
 def as_replayed(request: Request, max_turns: int, gap_scale: float, max_gap_s: float | None) -> Request:
-    """`request` cut to `max_turns` calls (0: all), its tool gaps shaped, no tool after its last call."""
+    """`request` cut to `max_turns` calls (0: all), its tool gaps shaped, no time after its last reply."""
     segments = request.segments[:max_turns] if max_turns > 0 else request.segments
     shaped = []
     for index, segment in enumerate(segments):
-        if index == len(segments) - 1 or segment.api is None:
-            shaped.append(replace(segment, api=None))
-        else:
-            api = replace(segment.api, duration_s=shape_gap(segment.api.duration_s, gap_scale, max_gap_s))
-            shaped.append(replace(segment, api=api))
+        if segment.api is None:
+            shaped.append(segment)
+            continue
+        # After the last reply loadgen waits for nothing; a call kept there (of no time) still
+        # starts the subagents it starts, as loadgen starts them when that turn has ended.
+        last = index == len(segments) - 1
+        duration_s = 0.0 if last else shape_gap(segment.api.duration_s, gap_scale, max_gap_s)
+        shaped.append(replace(segment, api=replace(segment.api, duration_s=duration_s)))
     return replace(request, segments=tuple(shaped))
 
 
@@ -46,7 +49,7 @@ def replayed_requests(load: LoadgenOptions) -> list[Request]:
     requests = []
     for request in poisson_arrivals(templates, load.rate, load.duration_s, load.seed):
         spawn = request.spawned_by
-        if spawn is not None and spawn.segment_index >= kept_calls.get(spawn.parent_id, 0):
+        if spawn is not None and spawn.segment_index >= kept_calls.get(spawn.parent_id, 0):  # loadgen's rule
             continue
         replayed = as_replayed(request, load.max_turns, load.gap_scale, load.max_gap_s)
         kept_calls[request.request_id] = len(replayed.segments)
