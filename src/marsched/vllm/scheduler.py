@@ -476,7 +476,8 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         while len(self._done) > _DONE_KEPT:
             self._done.popitem(last=False)
         del self._tracked[rid]
-        self.lifecycle.finished(tracked, now - tracked.arrival_t, tracked.first_token_t - tracked.arrival_t, status)
+        self.lifecycle.finished(tracked, now - tracked.arrival_t, tracked.first_token_t - tracked.arrival_t, status,
+                                request.num_output_tokens)
 
     def shutdown(self) -> None:
         self._keeper.close()
