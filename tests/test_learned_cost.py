@@ -196,3 +196,24 @@ def test_the_startup_line_says_where_the_cost_model_comes_from():
     assert cost_text(MarsConfig(profile="llama3-8b-h100")) == "cost model from profile llama3-8b-h100"
     assert "not learned" in cost_text(MarsConfig(learn_cost=False))
     assert cost_text(MarsConfig(cost=CostSettings(seconds_per_token=1e-4, swap_tokens_per_s=3.0))) == "cost model as given"
+
+
+def test_metrics_show_the_cost_model_and_its_source():
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from marsched.serve.metrics import MarsSnapshot, render
+
+    learned = LearnedCost(PLACEHOLDER, CostSource.PLACEHOLDER, CostSource.PROFILE, LearnSettings(min_steps=4))
+    for shape in _served_steps(4, random.Random(6)):
+        learned.observe_step(shape, _time(TRUE, shape))
+    text = render([MarsSnapshot(True, {"cost_model": learned.snapshot()})]).decode()
+    values = {(s.name, tuple(sorted(s.labels.items()))): s.value
+              for family in text_string_to_metric_families(text) for s in family.samples}
+    rank = (("rank", "0"),)
+    assert values[("marsched_cost_model_seconds", rank + (("source", "learned"), ("term", "iteration")))] == \
+        learned.cost.seconds_per_iteration
+    assert values[("marsched_cost_model_seconds", rank + (("source", "learned"), ("term", "token")))] == \
+        learned.cost.seconds_per_token
+    assert values[("marsched_cost_model_swap_tokens_per_second", rank + (("source", "profile"),))] == 1e6
+    assert values[("marsched_cost_model_steps_total", rank)] == 4
+    assert "marsched_cost_model" not in render([MarsSnapshot(True, {})]).decode()  # a scheduler without one

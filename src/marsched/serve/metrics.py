@@ -145,6 +145,36 @@ class MarsCollector:
                 for strategy, key in keys.items():
                     family.add_metric([rank, strategy], snap.number(key))
             yield family
+        yield from _cost_families(ranks)
+
+
+# The cost model's iteration terms (`/marsched/state` `cost_model`), by the `term` label.
+COST_TERMS = {"iteration": "seconds_per_iteration", "token": "seconds_per_token",
+              "context_token": "seconds_per_context_token", "sequence": "seconds_per_sequence",
+              "attention_pair": "seconds_per_attention_pair"}
+
+
+def _cost_families(ranks: list[tuple[str, MarsSnapshot]]) -> Iterator[Metric]:
+    """The cost model each rank decides with, and where it comes from (`policy/learned_cost.py`)."""
+    costs = [(rank, snap.scheduler["cost_model"]) for rank, snap in ranks
+             if isinstance(snap.scheduler.get("cost_model"), dict)]
+    if not costs:
+        return
+    terms = GaugeMetricFamily("marsched_cost_model_seconds", "The scheduler's cost model: seconds per iteration, "
+                              "per token, per context token, per sequence, per attention pair (term), and where "
+                              "they come from (source: learned, placeholder, configured, profile).",
+                              labels=["rank", "term", "source"])
+    swap = GaugeMetricFamily("marsched_cost_model_swap_tokens_per_second",
+                             "The host link's rate in the scheduler's cost model, and where it comes from.",
+                             labels=["rank", "source"])
+    steps = CounterMetricFamily("marsched_cost_model_steps_total", "Steps timed to learn the cost model.",
+                                labels=["rank"])
+    for rank, cost in costs:
+        for term, key in COST_TERMS.items():
+            terms.add_metric([rank, term, str(cost.get("step_source"))], float(cost.get(key) or 0.0))
+        swap.add_metric([rank, str(cost.get("swap_source"))], float(cost.get("swap_tokens_per_s") or 0.0))
+        steps.add_metric([rank], float(cost.get("steps") or 0))
+    yield from (terms, swap, steps)
 
 
 def _prediction_families(summary: dict[str, Any] | None) -> Iterator[Metric]:
