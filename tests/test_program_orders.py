@@ -25,6 +25,8 @@ from marsched.vllm.programs import ProgramLedger  # noqa: E402
 from marsched.vllm.ranked_queue import RankedRequestQueue  # noqa: E402
 from marsched.workload.model import build_request  # noqa: E402
 
+pytestmark = pytest.mark.vllm  # the plugin's queue is a vLLM RequestQueue
+
 CAPACITY = 10_000  # device KV tokens
 
 
