@@ -45,7 +45,8 @@ POLICY_HELP = {
     "swap": "FCFS; always copy the KV cache to host memory during a call",
     "mars": "MARS: predicted memory x time first, strategy fixed ahead, starvation prevention, predicted-peak admission",
     "mars-boost": "MARS with gamma-Boost for the order: arrival less a boost that shrinks with the predicted memory x time, "
-                  "overtaking bounded, no promotions (--boost-gamma); over HTTP a turn ranks by its program's first arrival",
+                  "overtaking bounded, no promotions (--boost-gamma); over HTTP a turn ranks by its program's "
+                  "first arrival",
     "continuum": "Continuum: program-level FCFS, the KV pinned for a learnt time-to-live after each call, pins "
                  "given up under memory pressure (simulator only)",
     "continuum-public": "Continuum's public code: as continuum, pinned 2 s after a tool whose mean time is at most "
