@@ -73,8 +73,9 @@ def tier(role: str, extra: dict | None = None, caches: dict | None = None):
     return made
 
 
-def request(rid: str, hashes: list[bytes], tokens: int, computed: int | None = None):
+def request(rid: str, hashes: list[bytes], tokens: int, computed: int | None = None, prompt: int | None = None):
     return SimpleNamespace(request_id=rid, block_hashes=hashes, num_tokens=tokens,
+                           num_prompt_tokens=tokens if prompt is None else prompt,
                            num_computed_tokens=tokens - 1 if computed is None else computed, num_in_flight_tokens=0)
 
 
@@ -102,6 +103,18 @@ def test_capacity_comes_from_one_key_in_tokens_blocks_or_bytes() -> None:
         tier("SCHEDULER", {"host_tokens": 8, "host_blocks": 2})
     with pytest.raises(ValueError, match="host_blocks"):
         tier("SCHEDULER", {"host_blocks": -1})
+    with pytest.raises(ValueError, match="offload_prompt_only"):
+        tier("SCHEDULER", {"offload_prompt_only": "no"})
+
+
+def test_only_the_prompts_blocks_are_saved_unless_told_otherwise() -> None:
+    hashes = [b"p0", b"p1", b"r2", b"r3"]  # a 2.5-block prompt and its reply
+    prompt_only = tier("SCHEDULER")
+    prompt_only.request_finished(request("a", hashes, 4 * BLOCK + 1, prompt=2 * BLOCK + 2), [1, 2, 3, 4])
+    assert [key for key, _ in prompt_only.build_connector_meta(None).saves[0][1]] == [b"p1".hex(), b"p0".hex()]
+    everything = tier("SCHEDULER", {"offload_prompt_only": False})
+    everything.request_finished(request("a", hashes, 4 * BLOCK + 1, prompt=2 * BLOCK + 2), [1, 2, 3, 4])
+    assert len(everything.build_connector_meta(None).saves[0][1]) == 4
 
 
 def test_a_finished_request_is_saved_and_a_follow_up_loads_its_prefix_into_its_own_blocks() -> None:
@@ -224,7 +237,7 @@ def test_stock_vllm_loads_a_lost_prefix_from_the_host_tier_and_replies_the_same(
     counts = connector.counts
 
     assert [o.outputs[0].token_ids for o in tiered] == [o.outputs[0].token_ids for o in plain]
-    # The first turn's prompt and reply, 128 tokens: 3 full blocks with their KV written.
+    # The first turn's prompt, 100 tokens: 3 full blocks (prompt blocks only, the default).
     assert counts.hits == 1 and counts.loaded_blocks >= 2, connector.summary()
     assert plain[2].num_cached_tokens < 3 * 32  # the device lost the prefix
     assert tiered[2].num_cached_tokens == 3 * 32  # device hit + host hit: the 3 blocks

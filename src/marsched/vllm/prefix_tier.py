@@ -10,6 +10,8 @@ Stock vLLM's scheduler and policy load it by configuration (no scheduler change)
 The capacity is one of `host_tokens`, `host_blocks` or `host_bytes` (bytes over every layer,
 converted with the engine's KV-cache config); none: `MarsConfig.host_swap_tokens`, the host
 memory `marsched serve` gives the Swap connector, so both compare on the same host memory.
+`offload_prompt_only` (default true, as vLLM's OffloadingConnector): only blocks inside the
+prompt are saved; false saves the reply's full blocks too.
 
 It is what vLLM's `OffloadingConnector` does on GPUs (blocks stored by hash, LRU, loaded on a
 prefix hit), which refuses to start on the CPU ("CPU Offloading is currently only supported on
@@ -17,7 +19,8 @@ CUDA-alike and XPU GPUs"), as does its `SimpleCPUOffloadConnector` (CUDA streams
 are the Swap connector's (`kv_copy.KvMover`, one host copy per block; `kv_host.mover_for`).
 
 Scheduler side (`PrefixStore`: which hashes the host holds, LRU):
-1. `request_finished`: the request's full computed blocks not yet held are queued to save, tail
+1. `request_finished`: the request's full computed blocks (of its prompt, by default) not yet held
+   are queued to save, tail
    first, so that a prefix is evicted from its tail as vLLM's free queue evicts; the store
    evicts least recently used blocks to stay within capacity. The request's blocks are freed
    only when the worker reports the copy done (`get_finished`), as vLLM's delayed free does, so
@@ -30,7 +33,8 @@ Scheduler side (`PrefixStore`: which hashes the host holds, LRU):
    saved this step can be loaded in it, and an eviction never names a block loaded in its step.
 
 Counters (`counts`, the scheduler side's): lookups, hits, blocks and tokens loaded, blocks saved
-and evicted; logged at INFO at most every `LOG_EVERY_S` seconds when they change, and at shutdown.
+and evicted; logged at INFO in each step that loads, else at most every `LOG_EVERY_S` seconds when
+they change, and at shutdown.
 vLLM's own `vllm:external_prefix_cache_hits` (tokens) counts the same hits.
 """
 
@@ -57,6 +61,7 @@ from marsched.vllm.kv_prefix_store import PrefixStore
 logger = init_logger(f"vllm.{__name__}")
 
 CAPACITY_KEYS = ("host_tokens", "host_blocks", "host_bytes")
+PROMPT_ONLY_KEY = "offload_prompt_only"  # vLLM's OffloadingConnector's name and default (true)
 DEFAULT_HOST_TOKENS = MarsConfig().host_swap_tokens  # what `marsched serve` gives the Swap connector
 LOG_EVERY_S = 10.0
 
@@ -78,6 +83,13 @@ def host_capacity_blocks(vllm_config: Any, kv_cache_config: Any, block_size: int
     if per_block <= 0:
         raise ValueError("kv_connector_extra_config.host_bytes: the engine's KV bytes per block are unknown")
     return value // per_block
+
+
+def prompt_only(vllm_config: Any) -> bool:
+    value = extra_config(vllm_config).get(PROMPT_ONLY_KEY, True)
+    if not isinstance(value, bool):
+        raise ValueError(f"kv_connector_extra_config.{PROMPT_ONLY_KEY}: give true or false, not {value!r}")
+    return value
 
 
 def block_key(block_hash: bytes) -> str:
@@ -119,6 +131,7 @@ class HostPrefixTierConnector(KVConnectorBase_V1):
         capacity = (host_capacity_blocks(vllm_config, kv_cache_config, self.block_size)
                     if role == KVConnectorRole.SCHEDULER else 0)
         self.store = PrefixStore(capacity)
+        self.prompt_only = prompt_only(vllm_config)
         self.counts = TierCounts()
         self._looked_up: dict[str, int] = {}  # request id -> first block after its device hit
         self._saves: dict[str, dict[str, int]] = {}  # request id -> {block key: device block} to copy out
@@ -128,7 +141,8 @@ class HostPrefixTierConnector(KVConnectorBase_V1):
         self._logged: tuple[int, ...] = ()
         self._logged_at = 0.0
         if role == KVConnectorRole.SCHEDULER:
-            logger.info("host prefix tier: %d blocks of %d tokens", capacity, self.block_size)
+            logger.info("host prefix tier: %d blocks of %d tokens, %s", capacity, self.block_size,
+                        "prompt blocks only" if self.prompt_only else "prompt and reply blocks")
         # worker side
         self.mover: KvMover | None = None
         self._sending: dict[str, list[Transfer]] = {}  # request id -> its save's copies
@@ -167,6 +181,8 @@ class HostPrefixTierConnector(KVConnectorBase_V1):
         self._looked_up.pop(rid, None)
         # Blocks whose every token's KV is written: tokens still in flight are not.
         written = request.num_computed_tokens - getattr(request, "num_in_flight_tokens", 0)
+        if self.prompt_only:
+            written = min(written, request.num_prompt_tokens)
         full = min(len(request.block_hashes), len(block_ids), max(written, 0) // self.block_size)
         saves: dict[str, int] = {}
         for i in reversed(range(full)):  # tail first: the head ends the most recent, evicted last
@@ -202,7 +218,7 @@ class HostPrefixTierConnector(KVConnectorBase_V1):
         meta = PrefixTierMeta(saves=[(rid, list(saves.items())) for rid, saves in self._saves.items()],
                               loads=self._loads, evictions=sorted(self._evicting))
         self._saves, self._save_owner, self._loads, self._evicting = {}, {}, [], set()
-        self._log_counts()
+        self._log_counts(force=bool(meta.loads))  # every step with a hit, else now and then
         return meta
 
     def has_pending_push_work(self) -> bool:

@@ -151,7 +151,8 @@ def tail(path: Path, lines: int = 25) -> str:
 
 
 def server_counters(url: str) -> dict[str, Any]:
-    """Retention counters from /marsched/state (marsched only) and vLLM's prefix cache from /metrics."""
+    """Retention counters from /marsched/state (marsched only) and vLLM's prefix cache (and a KV connector's
+    prefix hits) from /metrics."""
     counters: dict[str, Any] = {}
     state = get(f"{url}/marsched/state")
     if state is not None:
@@ -172,7 +173,10 @@ def server_counters(url: str) -> dict[str, Any]:
                 sums[sample.name] = sums.get(sample.name, 0.0) + sample.value
         for ours, theirs in (("prefix_cache_queries", "vllm:prefix_cache_queries_total"),
                              ("prefix_cache_hits", "vllm:prefix_cache_hits_total"),
-                             ("preemptions", "vllm:num_preemptions_total")):
+                             ("preemptions", "vllm:num_preemptions_total"),
+                             # a KV connector's hits (the host prefix tier's), in tokens
+                             ("external_prefix_cache_queries", "vllm:external_prefix_cache_queries_total"),
+                             ("external_prefix_cache_hits", "vllm:external_prefix_cache_hits_total")):
             if theirs in sums:
                 counters[ours] = sums[theirs]
         if counters.get("prefix_cache_queries"):
