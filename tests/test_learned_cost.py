@@ -217,3 +217,32 @@ def test_metrics_show_the_cost_model_and_its_source():
     assert values[("marsched_cost_model_swap_tokens_per_second", rank + (("source", "profile"),))] == 1e6
     assert values[("marsched_cost_model_steps_total", rank)] == 4
     assert "marsched_cost_model" not in render([MarsSnapshot(True, {})]).decode()  # a scheduler without one
+
+
+def test_a_key_computed_with_a_learned_cost_model_is_recomputed_by_the_audit():
+    """The queue keys a request with the cost model of the moment; once the server has learned a new
+    one, a refresh keys it anew, its admit's key basis names that model, and the audit recomputes it."""
+    from marsched.audit.keys import recompute_key
+    from marsched.policy import EngineLoad, WaitingQueue, make_policy
+    from marsched.policy.progress import RequestProgress
+    from marsched.policy.trace_fields import key_basis
+    from marsched.predict.segment import SegmentPrediction
+    from marsched.workload.model import build_request
+
+    policy = make_policy("mars", PLACEHOLDER)
+    declared = policy.cost
+    queue = WaitingQueue(policy)
+    progress = RequestProgress(build_request("r", 300, [(20, None)]), order_s=0.0,
+                               predictions=[SegmentPrediction(20, 0.0, 0, False)])
+    queue.push(progress, EngineLoad(0.0, 0, 0.05, 0), 1)
+    before = next(iter(queue._entries.values())).key
+    policy.cost = CostModel(6e-5, 4.8e-3, 2048, 2.7e6, seconds_per_sequence=1.9e-4)  # learned
+    assert queue.refresh(EngineLoad(1.0, 0, 0.01, 0), 2)
+    assert queue.pop(2, 1.0) is progress
+    assert progress.left_key != pytest.approx(before)
+    basis = key_basis(progress, declared)
+    assert basis["cost"]["seconds_per_iteration"] == 4.8e-3
+    audit_policy = make_policy("mars", declared)
+    assert recompute_key(audit_policy, basis) == pytest.approx(progress.left_key)
+    assert audit_policy.cost is declared  # the audit's policy keeps the run's model
+    assert "cost" not in key_basis(progress, policy.cost)  # the run's own model is not repeated

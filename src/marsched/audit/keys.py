@@ -35,6 +35,16 @@ def key_policy(name: str, declared_policy: dict[str, Any]) -> Policy | None:
 
 
 def recompute_key(policy: Policy, basis: dict[str, Any]) -> float:
+    if "cost" in basis:  # computed with a cost model other than the run's (a server learns its own)
+        declared, policy.cost = policy.cost, CostModel(**basis["cost"])
+        try:
+            return _recompute_key(policy, basis)
+        finally:
+            policy.cost = declared
+    return _recompute_key(policy, basis)
+
+
+def _recompute_key(policy: Policy, basis: dict[str, Any]) -> float:
     predictions = [SegmentPrediction(int(o), float(a), int(r), bool(c), int(kept[0]) if kept else None)
                    for o, a, r, c, *kept in basis["predictions"]]
     progress = RequestProgress(

@@ -98,6 +98,8 @@ class CallLifecycle:
         self.paused_preserved: dict[str, Any] = {}  # preserved calls the policy revisits, by request id
         self.promotions = 0
         self.threshold: float | None = policy.starvation.threshold  # the promotion threshold this step used
+        # The run's cost model: an admit's key basis names the one its key used where it differs (a server learns).
+        self._declared_cost = policy.cost
 
     # --- the trace --------------------------------------------------------------------
 
@@ -114,6 +116,7 @@ class CallLifecycle:
                         **common)
 
     def run_started(self, engine: str, device_blocks: int, host_blocks: int, block_tokens: int) -> None:
+        self._declared_cost = self.policy.cost
         self.emit("run", None, schema_version=SCHEMA_VERSION, engine=engine, policy=declaration(self.policy),
                   device_blocks=device_blocks, host_blocks=host_blocks, block_tokens=block_tokens)
 
@@ -194,7 +197,8 @@ class CallLifecycle:
         if self.trace.enabled:  # the key basis is built only for a trace
             prediction = progress.predictions[progress.segment_index]
             self.emit("admit", handle, prefill_tokens=prefill_tokens, wait_s=wait, score=progress.left_key,
-                      promoted=progress.left_promoted, counter=progress.counter, key_basis=key_basis(progress),
+                      promoted=progress.left_promoted, counter=progress.counter,
+                      key_basis=key_basis(progress, self._declared_cost),
                       predicted_output_tokens=prediction.output_tokens, predicted_api_s=prediction.api_duration_s,
                       **self._protection(progress, iteration))
         elif self.on_event is not None:

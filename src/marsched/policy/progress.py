@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass, field
 
+from marsched.policy.cost_model import CostModel
 from marsched.policy.load import EngineLoad
 from marsched.policy.program import ProgramOutlook
 from marsched.policy.strategy import Strategy
@@ -35,6 +36,7 @@ class KeyBasis:
     computed_tokens: int
     generated: int
     strategy: Strategy | None
+    cost: CostModel | None = None  # the cost model the key was computed with (a server may learn a new one)
 
 
 @dataclass(slots=True, eq=False)

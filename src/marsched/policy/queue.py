@@ -35,6 +35,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 
 from marsched.policy.fcfs_wait import FcfsWait, predicted_work_tokens
+from marsched.policy.cost_model import CostModel
 from marsched.policy.load import EngineLoad
 from marsched.policy.policy import Policy, StarvationClock
 from marsched.policy.progress import KeyBasis, RequestProgress
@@ -52,6 +53,7 @@ class _Entry:
     form: KeyForm  # the key as a line in τ, from the progress at the push
     key: float
     load: EngineLoad  # the load `key` was evaluated at (the audit recomputes it from this)
+    cost: CostModel  # the cost model `form` was computed with
     since: float  # when the starvation count started, in the policy's clock
     due: float  # `since`, plus how much longer than the threshold this request waits (per-service rules)
     counted: bool  # whether its waiting counts towards promotion
@@ -96,7 +98,7 @@ class WaitingQueue:
         since = self._clock(iteration, load.now_s) - self.policy.starvation.carried(progress)
         form = self.policy.queue_key_form(progress, load)
         due = since + self.policy.starvation.offset(progress) if counted else since
-        entry = _Entry(progress, form, form.at(load.iteration_s), load, since, due, counted)
+        entry = _Entry(progress, form, form.at(load.iteration_s), load, self.policy.cost, since, due, counted)
         self._entries[progress.request_id] = entry
         if progress.elder:
             self._push_promoted(entry)  # promoted for life: ahead of the ranking at every stay
@@ -132,7 +134,7 @@ class WaitingQueue:
         progress.left_promoted = entry.promoted
         # A waiting request's state does not change, so its key is the one `entry.load` gives it.
         progress.key_basis = KeyBasis(entry.load, progress.segment_index, progress.context_tokens,
-                                      progress.computed_tokens, progress.generated, progress.strategy)
+                                      progress.computed_tokens, progress.generated, progress.strategy, entry.cost)
         return progress
 
     def remove(self, request_id: str, iteration: int, now_s: float) -> None:
@@ -268,8 +270,10 @@ class WaitingQueue:
         for entry in self._entries.values():
             if not entry.promoted:
                 form = entry.form
-                if not form.holds_for(load.running_kv_tokens):
+                # A form is redone when the load leaves its range, or the cost model changed (a server learns it).
+                if entry.cost is not self.policy.cost or not form.holds_for(load.running_kv_tokens):
                     form = entry.form = self.policy.queue_key_form(entry.progress, load)
+                    entry.cost = self.policy.cost
                 entry.key = form.at(tau)
                 entry.load = load
                 sequence += 1

@@ -8,6 +8,7 @@ from __future__ import annotations
 from dataclasses import asdict
 from typing import Any
 
+from marsched.policy.cost_model import CostModel
 from marsched.policy.policy import Policy
 from marsched.policy.program import ProgramOutlook
 from marsched.policy.progress import RequestProgress
@@ -47,12 +48,15 @@ def _program(outlook: ProgramOutlook) -> list[float]:
     return fields
 
 
-def key_basis(progress: RequestProgress) -> dict[str, Any] | None:
-    """The `admit` event's `key_basis`: the state, load and predictions its queue key came from."""
+def key_basis(progress: RequestProgress, declared: CostModel | None = None) -> dict[str, Any] | None:
+    """The `admit` event's `key_basis`: the state, load and predictions its queue key came from, and
+    the cost model where it is not the `declared` one (the run's: a server learns its own)."""
     basis = progress.key_basis
     if basis is None or not progress.predictions:
         return None
+    cost = {} if basis.cost is None or declared is None or basis.cost == declared else {"cost": asdict(basis.cost)}
     return {
+        **cost,
         "tau_s": basis.load.iteration_s,
         "running_kv_tokens": basis.load.running_kv_tokens,
         "host_free_tokens": basis.load.host_free_tokens,
