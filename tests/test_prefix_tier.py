@@ -16,6 +16,9 @@ import torch
 
 from marsched.vllm.kv_prefix_store import PrefixStore
 
+DEVICES = ["cpu", pytest.param("cuda", marks=pytest.mark.skipif(not torch.cuda.is_available(),
+                                                                reason="no CUDA device on this machine"))]
+
 # --- the store -------------------------------------------------------------------------------
 
 
@@ -88,6 +91,17 @@ def step(worker, meta) -> set[str]:
     return done or set()
 
 
+def saved_when_landed(worker, meta, timeout_s: float = 10.0) -> set[str]:
+    """The step's finished saves; on CUDA they are reported once their copies have landed."""
+    import time
+
+    done, deadline = step(worker, meta), time.monotonic() + timeout_s
+    while not done and time.monotonic() < deadline:
+        time.sleep(0.01)
+        done = worker.get_finished(set())[0] or set()
+    return done
+
+
 def allocated(ids: list[int]):
     return SimpleNamespace(get_block_ids=lambda: (ids,))
 
@@ -117,11 +131,12 @@ def test_only_the_prompts_blocks_are_saved_unless_told_otherwise() -> None:
     assert len(everything.build_connector_meta(None).saves[0][1]) == 4
 
 
-def test_a_finished_request_is_saved_and_a_follow_up_loads_its_prefix_into_its_own_blocks() -> None:
+@pytest.mark.parametrize("device", DEVICES)
+def test_a_finished_request_is_saved_and_a_follow_up_loads_its_prefix_into_its_own_blocks(device) -> None:
     from test_kv_copy import caches_for
 
     sched = tier("SCHEDULER", {"host_blocks": 8})
-    caches, layouts = caches_for("vllm-view-LBHNC", "cpu", layers=2)
+    caches, layouts = caches_for("vllm-view-LBHNC", device, layers=2)
     worker = tier("WORKER", caches=caches)
     hashes = [b"a0", b"a1", b"a2"]
     first = request("a", hashes, tokens=3 * BLOCK + 2)
@@ -131,7 +146,7 @@ def test_a_finished_request_is_saved_and_a_follow_up_loads_its_prefix_into_its_o
     saved = {n: layouts[n].blocks_view(kv)[[5, 6, 7]].clone() for n, kv in caches.items()}
     meta = sched.build_connector_meta(None)
     assert meta.saves == [("a", [(b"a2".hex(), 7), (b"a1".hex(), 6), (b"a0".hex(), 5)])]
-    assert step(worker, meta) == {"a"} and worker.host_bytes > 0
+    assert saved_when_landed(worker, meta) == {"a"} and worker.host_bytes > 0
     for kv in caches.values():
         kv.zero_()
 
@@ -143,6 +158,8 @@ def test_a_finished_request_is_saved_and_a_follow_up_loads_its_prefix_into_its_o
     meta = sched.build_connector_meta(None)
     assert meta.loads == [(b"a1".hex(), 2), (b"a2".hex(), 3)] and not meta.saves
     step(worker, meta)
+    if device == "cuda":
+        torch.cuda.synchronize()  # the test reads the blocks on the host; the forward would wait on the device
     for name, kv in caches.items():
         view = layouts[name].blocks_view(kv)
         assert torch.equal(view[[2, 3]], saved[name][[1, 2]])
