@@ -61,3 +61,13 @@ def test_serve_learns_the_step_terms_and_the_swap_rate(chat_server):
     assert swapped["swap_blocks"] >= 4 and swapped["swap_seconds"] > 0
     assert swapped["swap_tokens_per_s"] != PLACEHOLDER_SWAP and swapped["swap_tokens_per_s"] > 0
     assert server.client.delete(server.url + "/marsched/conversations/learned-cost-swap").status_code == 202
+
+    # The keys computed with the learned model are the policy's: the audit recomputes each admitted
+    # request's from its trace (the server runs on, so only the order is checked, not the lifecycles).
+    from marsched.audit import audit_trace
+    from marsched.audit.violations import Check
+    from marsched.metrics.trace import read_trace
+
+    assert any("cost" in (e.get("key_basis") or {}) for e in read_trace(server.trace) if e["event"] == "admit")
+    result = audit_trace(server.trace)
+    assert not [v for v in result.violations if v.check is Check.ORDER], result.violations[:5]
