@@ -1,7 +1,8 @@
 """Data-parallel affinity without an engine: the placement rules, the middleware that sets vLLM's
 `X-data-parallel-rank` from a turn's conversation, and how releases and stop-string ends reach
 the ranks through vLLM's own data-parallel client (`DPLBAsyncMPClient`, its real abort code,
-with the socket replaced). Live, on `--data-parallel-size 2`: test_serve_data_parallel.py."""
+with the socket replaced), and the history a follow-up that names no conversation is routed by. Live, on
+`--data-parallel-size 2`: test_serve_data_parallel.py and test_serve_data_parallel_inferred.py."""
 
 from __future__ import annotations
 
