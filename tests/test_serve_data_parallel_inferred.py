@@ -103,15 +103,28 @@ def test_unnamed_follow_ups_reach_the_rank_that_kept_their_kv(server):
     print({"follow_ups": follow_ups, "hits": delta["marsched_retention_hits_total"],
            "misses": delta["marsched_retention_misses_total"], "ranks": on})
 
-    # Built to tempt: the same system prompt, and a first message that is the first one's and more.
-    first = f"{run}-0 what is the weather in paris today"
-    before, affinity_before = counters(server), affinity
+    # Built to tempt, while a conversation's first turn is the one remembered: the same system prompt,
+    # and a first message that is that conversation's whole first message and more. In the engine, the
+    # difference lies in the prompt's last, partial block (the tail that the hashes leave out).
+    first = f"{run}-tempted what is the weather in paris today"
     with openai_client(server) as client:
-        rid, _ = turn(client, server, [{"role": "system", "content": SYSTEM},
-                                       {"role": "user", "content": first + " and in oslo"}], tools=True)
-    event = wait_for_arrivals(server, [rid])[rid]
-    assert event["program"] not in {found[rids[0]]["program"] for rids in conversations}, event
-    after, affinity = counters(server), server.state()["affinity"]
-    assert after["marsched_follow_ups_matched_total"] == before["marsched_follow_ups_matched_total"]
-    assert affinity["inferred_started"] - affinity_before["inferred_started"] == 1, affinity
-    assert affinity["inferred_matched"] == affinity_before["inferred_matched"], affinity
+        messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first}]
+        tempted, message = turn(client, server, messages, tools=True)
+        wait_for_arrivals(server, [tempted])
+        before, affinity_before = counters(server), server.state()["affinity"]
+        stranger, _ = turn(client, server, [{"role": "system", "content": SYSTEM},
+                                            {"role": "user", "content": first + " and in oslo"}], tools=True)
+        found = wait_for_arrivals(server, [stranger])
+        after, affinity = counters(server), server.state()["affinity"]
+        assert found[stranger]["program"] != found[tempted]["program"], (found[stranger], found[tempted])
+        assert after["marsched_follow_ups_matched_total"] == before["marsched_follow_ups_matched_total"]
+        assert affinity["inferred_started"] - affinity_before["inferred_started"] == 1, affinity
+        assert affinity["inferred_matched"] == affinity_before["inferred_matched"], affinity
+        # The tempted conversation goes on, on its rank, its KV kept.
+        messages += [message, {"role": "tool", "tool_call_id": message["tool_calls"][0]["id"], "content": "rain"}]
+        follow_up, _ = turn(client, server, messages, tools=False)
+    found = wait_for_arrivals(server, [follow_up])
+    assert found[follow_up]["program"] == found[tempted]["program"], (found[follow_up], found[tempted])
+    assert found[follow_up]["rank"] == found[tempted]["rank"]
+    final = counters(server)
+    assert final["marsched_retention_hits_total"] == after["marsched_retention_hits_total"] + 1
