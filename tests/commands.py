@@ -162,6 +162,18 @@ HTTP_BENCH = CommandConfig(
     env=lambda env: env,
 )
 
+# The live twin, one configuration at one load for a few seconds (test_twin.py): the CI smoke.
+TWIN = CommandConfig(
+    "twin_run",
+    lambda model, folder: [[sys.executable, "-m", "marsched.experiments.twin", "--model", model,
+                            "--profile", str(ROOT / "results" / "twin" / "profile.json"), "--out", str(folder / "twin"),
+                            "--configs", "mars", "--loads", "smoke:1", "--repeats", "1", "--duration", "4",
+                            "--max-turns", "2", "--token-scale", "0.002", "--gap-scale", "0.01", "--max-gap-s", "0.5",
+                            "--kv-blocks", "33", "--max-model-len", "4096",
+                            f"--marsched-arg=--trace-out={folder / 'trace.jsonl'}"]],
+    env=lambda env: env,
+)
+
 # The scheduler-overhead benchmark with the connector, five steps at 20 waiting (test_overhead_bench.py).
 OVERHEAD = CommandConfig(
     "overhead_run",
@@ -191,4 +203,4 @@ CALIBRATE = CommandConfig(
     timeout_s=380.0,
 )
 
-SHARED = {config.name: config for config in (BENCH, HTTP_BENCH, OVERHEAD, PARITY, CALIBRATE)}
+SHARED = {config.name: config for config in (BENCH, HTTP_BENCH, TWIN, OVERHEAD, PARITY, CALIBRATE)}

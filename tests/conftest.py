@@ -126,6 +126,7 @@ loadgen_server = _shared_fixture("loadgen_server", "`servers.LOADGEN`: reply len
                                                    "processor, the oracle predictor.")
 bench_run = _shared_fixture("bench_run", "`commands.BENCH`: `marsched model`, then `marsched bench`.")
 http_bench_run = _shared_fixture("http_bench_run", "`commands.HTTP_BENCH`: a short HTTP comparison.")
+twin_run = _shared_fixture("twin_run", "`commands.TWIN`: the live twin's smoke, one configuration.")
 overhead_run = _shared_fixture("overhead_run", "`commands.OVERHEAD`: the overhead benchmark, connector on.")
 parity_run = _shared_fixture("parity_run", "`commands.PARITY`: the lifecycle parity stream on real vLLM.")
 calibrate_run = _shared_fixture("calibrate_run", "`commands.CALIBRATE`: `marsched calibrate --fast`.")

@@ -19,7 +19,7 @@ from marsched.atomic import write_atomically
 from marsched.experiments.http_bench.configs import Engine
 from marsched.experiments.http_bench.records import RunRecord
 from marsched.experiments.http_bench.run import Plan, run_plan
-from marsched.experiments.twin.loads import PICKED_BY, pick_loads, sweep
+from marsched.experiments.twin.loads import pick_loads, relative_slowdowns, sweep
 from marsched.experiments.twin.records import SCHEMA, Load, TwinRecord, live_numbers, markdown
 from marsched.experiments.twin.simulate import SimEngine, simulate
 from marsched.loadgen.options import LoadgenOptions
@@ -55,11 +55,11 @@ class TwinPlan:
 def choose_loads(plan: TwinPlan) -> tuple[Load, ...]:
     if plan.loads is not None:
         return plan.loads
-    points = sweep(plan.grid, lambda rate: simulate(PICKED_BY, replace(plan.load, rate=rate), plan.sim_engine,
-                                                    plan.pin_s))
-    for point in points:
-        progress(f"sweep: {PICKED_BY} at {point.rate:g} tasks/s: mean {point.e2e_mean_s:.2f} s, "
-                 f"{point.slowdown:.2f}x isolated")
+    points = sweep(plan.configs, plan.grid, lambda config, rate: simulate(
+        config, replace(plan.load, rate=rate), plan.sim_engine, plan.pin_s))
+    for rate, slowdowns in relative_slowdowns(points).items():
+        progress(f"sweep at {rate:g} tasks/s, slowdown over unloaded: "
+                 + ", ".join(f"{config} {value:.2f}x" for config, value in slowdowns.items()))
     loads = pick_loads(points)
     progress("loads: " + ", ".join(f"{load.name} {load.rate:g} tasks/s" for load in loads))
     return loads
