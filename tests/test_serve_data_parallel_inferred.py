@@ -45,9 +45,9 @@ def arrivals(server: Server) -> dict[str, dict]:
     return found
 
 
-def turn(client, server: Server, messages: list, tools: bool) -> tuple[str, dict]:
+def turn(client, server: Server, messages: list, tools: bool, **options) -> tuple[str, dict]:
     """One turn: the rid the front end gave it, and the assistant message as the client appends it."""
-    request = dict(model=server.model, messages=messages, temperature=0, max_tokens=40 if tools else 4)
+    request = dict(model=server.model, messages=messages, temperature=0, max_tokens=40 if tools else 4, **options)
     if tools:
         request.update(tools=[WEATHER], tool_choice={"type": "function", "function": {"name": "get_weather"}})
     raw = client.chat.completions.with_raw_response.create(**request)
@@ -110,12 +110,16 @@ def test_unnamed_follow_ups_reach_the_rank_that_kept_their_kv(server):
     with openai_client(server) as client:
         messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first}]
         tempted, message = turn(client, server, messages, tools=True)
-        wait_for_arrivals(server, [tempted])
+        rank = wait_for_arrivals(server, [tempted])[tempted]["rank"]
         before, affinity_before = counters(server), server.state()["affinity"]
+        # vLLM's own header puts the new conversation on the tempted one's rank, where the engine core
+        # remembers the tempted turn (placement alone might put it on the other).
         stranger, _ = turn(client, server, [{"role": "system", "content": SYSTEM},
-                                            {"role": "user", "content": first + " and in oslo"}], tools=True)
+                                            {"role": "user", "content": first + " and in oslo"}], tools=True,
+                           extra_headers={"X-data-parallel-rank": str(rank)})
         found = wait_for_arrivals(server, [stranger])
         after, affinity = counters(server), server.state()["affinity"]
+        assert found[stranger]["rank"] == rank
         assert found[stranger]["program"] != found[tempted]["program"], (found[stranger], found[tempted])
         assert after["marsched_follow_ups_matched_total"] == before["marsched_follow_ups_matched_total"]
         assert affinity["inferred_started"] - affinity_before["inferred_started"] == 1, affinity
