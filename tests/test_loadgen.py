@@ -172,6 +172,17 @@ def test_claude_code_session_follows_the_request_and_its_scaling():
     assert len(bundled) == 3377 and sum(s.parent is not None for s in bundled) == 36
 
 
+def test_filler_words_are_one_token_each_in_the_tokenizer_marsched_model_builds(tmp_path):
+    from tokenizers import Tokenizer
+
+    from marsched.bench.model import ModelShape, _build_tokenizer
+
+    _build_tokenizer(tmp_path, ModelShape())
+    tokenizer = Tokenizer.from_file(str(tmp_path / "tokenizer.json"))
+    assert {word: len(tokenizer.encode(" " + word, add_special_tokens=False).ids) for word in WORDS} == {
+        word: 1 for word in WORDS}
+
+
 def test_filler_words_are_one_gpt2_token_each_and_the_context_grows_like_an_agents():
     assert all(count_tokens(" " + word) == 1 for word in WORDS)
     assert count_tokens(filler(500, __import__("random").Random(1))) == 500

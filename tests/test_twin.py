@@ -12,7 +12,9 @@ import pytest
 from marsched.experiments.twin import __main__ as twin_cli
 from marsched.experiments.twin.configs import twin_policy
 from marsched.experiments.twin.loads import SweepPoint, parse_loads, pick_loads
-from marsched.experiments.twin.records import SCHEMA, Load, TwinRecord, markdown, same_order, rows
+from marsched.experiments.twin.records import (
+    SCHEMA, Load, TwinRecord, live_numbers, markdown, prompt_tokens_ratio, rows, same_order,
+)
 from marsched.experiments.twin.stream import as_replayed, replayed_requests
 from marsched.loadgen.arrivals import session_arrivals
 from marsched.loadgen.options import CLAUDE_CODE, LoadgenOptions, load_sessions
@@ -105,6 +107,19 @@ def test_the_table_puts_live_medians_beside_the_simulated_with_the_ratio():
     assert same_order(rows([_record("mars", light, 1, 8.0, None)])) is None
 
 
+def test_the_live_prompts_are_set_against_the_simulated_contexts_turn_by_turn():
+    report = {"conversations": {"e2e_mean_s": 3.0, "e2e_p99_s": 5.0, "finished": 2}, "turns": {"failed": 1},
+              "records": [{"conversation": "a#0", "turns": [{"index": 0, "prompt_tokens": 110},
+                                                            {"index": 1, "prompt_tokens": 230}]},
+                          {"conversation": "b#1", "turns": [{"index": 0, "prompt_tokens": None}]}]}
+    contexts = {"a#0": [100, 200], "b#1": [50]}
+    assert prompt_tokens_ratio(report, contexts) == pytest.approx(340 / 300)
+    live = live_numbers(report, contexts)
+    assert live["e2e_mean_s"] == 3.0 and live["turns_failed"] == 1
+    assert live["prompt_tokens_ratio"] == pytest.approx(340 / 300)
+    assert prompt_tokens_ratio({"records": []}, contexts) is None
+
+
 @pytest.mark.parametrize("flags, message", [
     (["--loads", "light:-1"], "NAME:RATE"),
     (["--configs", "mars-oracle"], "no simulated twin"),
@@ -148,6 +163,7 @@ def test_a_short_live_twin_writes_simulated_and_live_numbers_per_task(twin_run):
     for side in ("sim", "live"):
         assert record[side]["e2e_mean_s"] > 0 and record[side]["e2e_p99_s"] >= record[side]["e2e_mean_s"]
     assert record["live"]["turns_failed"] == 0 and record["error"] is None
+    assert record["live"]["prompt_tokens_ratio"] == pytest.approx(1.0, abs=0.1)  # a token a filler word
     assert "| mars |" in (out / "table.md").read_text()
     # The server predicted online from the replies it served (a few tokens each), never from
     # max_tokens (4096), which is all a turn's request holds.

@@ -33,7 +33,7 @@ KV_BLOCKS = 257  # 32,768 tokens and vLLM's null block: the longest context fits
 MAX_MODEL_LEN = 32768
 MAX_NUM_SEQS = 64
 MAX_NUM_BATCHED_TOKENS = 4096
-GRID = "0.05,0.1,0.2,0.3,0.5,0.8,1.2"
+GRID = "0.2,0.4,0.6,0.8,1,1.2,1.5,2"
 # The live servers predict as their twins do: from the replies served (filler text has nothing a
 # learned head could read; `marsched serve`'s own default reads the text).
 LIVE_PREDICTOR = "online"
@@ -51,7 +51,7 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="NAME:RATE pairs in tasks/s (light:0.05,queueing:0.5), or auto: picked by the simulator")
     p.add_argument("--grid", default=GRID, help="with --loads auto: the rates the simulator sweeps")
     p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--duration", type=float, default=120.0, help="seconds of arrivals")
+    p.add_argument("--duration", type=float, default=60.0, help="seconds of arrivals")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--token-scale", type=float, default=TOKEN_SCALE)
     p.add_argument("--gap-scale", type=float, default=GAP_SCALE)

@@ -38,13 +38,28 @@ class TwinRecord:
         return asdict(self)
 
 
-def live_numbers(report: dict[str, Any]) -> dict[str, Any]:
-    """A loadgen report's per-task numbers (its conversations), with the turns' and errors."""
+def prompt_tokens_ratio(report: dict[str, Any], contexts: dict[str, list[int]]) -> float | None:
+    """The server's prompt tokens over the simulated contexts, summed over the turns it answered:
+    1.0 when the filler text is a token a word on the served model, as the replay assumes."""
+    served = simulated = 0
+    for conversation in report.get("records") or ():
+        planned = contexts.get(conversation["conversation"], [])
+        for turn in conversation["turns"]:
+            if turn.get("prompt_tokens") and turn["index"] < len(planned):
+                served += turn["prompt_tokens"]
+                simulated += planned[turn["index"]]
+    return served / simulated if simulated else None
+
+
+def live_numbers(report: dict[str, Any], contexts: dict[str, list[int]]) -> dict[str, Any]:
+    """A loadgen report's per-task numbers (its conversations), with the turns' and errors, and how
+    its prompts compare with the simulated contexts (`contexts`: task -> each call's)."""
     conversations = report.get("conversations") or {}
     turns = report.get("turns") or {}
     return {"e2e_mean_s": conversations.get("e2e_mean_s"), "e2e_p50_s": conversations.get("e2e_p50_s"),
             "e2e_p99_s": conversations.get("e2e_p99_s"), "tasks_finished": conversations.get("finished"),
-            "turn_e2e_mean_s": turns.get("e2e_mean_s"), "turns_failed": turns.get("failed")}
+            "turn_e2e_mean_s": turns.get("e2e_mean_s"), "turns_failed": turns.get("failed"),
+            "prompt_tokens_ratio": prompt_tokens_ratio(report, contexts)}
 
 
 def _ratio(live: float | None, sim: float | None) -> float | None:

@@ -22,7 +22,11 @@ from marsched.experiments.http_bench.run import Plan, run_plan
 from marsched.experiments.twin.loads import pick_loads, relative_slowdowns, sweep
 from marsched.experiments.twin.records import SCHEMA, Load, TwinRecord, live_numbers, markdown
 from marsched.experiments.twin.simulate import SimEngine, simulate
+from marsched.experiments.twin.stream import replayed_requests
 from marsched.loadgen.options import LoadgenOptions
+
+
+PROMPT_TOLERANCE = 0.05  # live prompt tokens against the simulated contexts
 
 
 def progress(message: str) -> None:
@@ -67,12 +71,18 @@ def choose_loads(plan: TwinPlan) -> tuple[Load, ...]:
 
 def live_records(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], folder: Path) -> list[TwinRecord]:
     """The records of one load's live comparison, read back from its run files."""
+    contexts = {r.request_id: [s.context_tokens for s in r.segments]
+                for r in replayed_requests(replace(plan.load, rate=load.rate))}
     records = []
     for run_file in sorted(folder.glob("runs/*/run.json")):
         run = RunRecord.from_dict(json.loads(run_file.read_text()))
         live = None
         if run.measured:
-            live = live_numbers(json.loads(Path(run.loadgen).read_text()))
+            live = live_numbers(json.loads(Path(run.loadgen).read_text()), contexts)
+            ratio = live["prompt_tokens_ratio"]
+            if ratio is not None and abs(ratio - 1) > PROMPT_TOLERANCE:
+                progress(f"[{load.name}] WARNING: {run.config}'s server counted {ratio:.2f}x the simulated "
+                         "prompt tokens: the filler is not a token a word on this model (docs/twin.md)")
         records.append(TwinRecord(run.config, load, run.repeat, sims[run.config], live,
                                   None if run.measured else (run.error or "interrupted")))
     return sorted(records, key=lambda r: (plan.configs.index(r.config), r.repeat))

@@ -1,0 +1,15 @@
+#!/bin/bash
+# The live twin (docs/twin.md): the model, its profile, then the simulated and live runs. Run from the
+# repository root, on a machine doing nothing else (every server computes on the same core).
+set -euo pipefail
+.venv/bin/marsched model --out /tmp/twin/model --layers 2 --hidden 128 --heads 4 --kv-heads 2 --intermediate 256 \
+    --max-position 32768
+VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/model --out results/twin/profile.json \
+    --name twin-tiny-32k-cpu --kv-cache-gb 1 --prefill-tokens 256,1024,4096,8192,16384 --decode-batches 1,8,32 \
+    --decode-contexts 1024,8192 --repeats 3 --force
+# What was run (one live repeat per configuration and load, for the time a session had):
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run --repeats 1
+# The full comparison: three interleaved repeats (about three hours on two cores).
+# .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+#     --out results/twin/run3
