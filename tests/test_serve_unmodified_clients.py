@@ -1,12 +1,13 @@
 """Unmodified clients on a live `marsched serve` (the session's chat server, `servers.CHAT`): no
 marsched field, no conversation id, no header of ours anywhere.
 
-The official `openai` SDK (chat completions and Responses, streamed and not) and the OpenAI Agents
+The official `openai` SDK (chat completions, Responses and completions, streamed and not) and the OpenAI Agents
 SDK (`openai-agents`: an agent with a function tool, on its chat-completions and its Responses
 model) run multi-turn tool loops. A named or required `tool_choice` makes the random-weight model
 write valid calls under vLLM's structured outputs; that is all the help it gets. The server must
 recognise each follow-up by its prompt (`marsched.vllm.follow_ups`), start the tool pause from
-the reply (`marsched.serve.tool_gaps`) and keep the turn's KV: >= 95% of follow-ups are retention
+the reply (`marsched.serve.tool_gaps`; on completions, the server's tool-call parser reads the
+text) and keep the turn's KV: >= 95% of follow-ups are retention
 hits by `/metrics`, and each conversation's turns arrive as one inferred program in the trace.
 Every conversation starts with the same system prompt, so only its own turns may match it.
 """
