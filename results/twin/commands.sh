@@ -7,9 +7,12 @@ set -euo pipefail
 VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/model --out results/twin/profile.json \
     --name twin-tiny-32k-cpu --kv-cache-gb 1 --prefill-tokens 256,1024,4096,8192,16384 --decode-batches 1,8,32 \
     --decode-contexts 1024,8192 --repeats 3 --force
-# What was run (one live repeat per configuration and load, for the time a session had):
+# The loads the simulator picks (--loads auto, the default; it prints its sweep): light 0.4, queueing 1 task/s.
 .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
-    --out results/twin/run --repeats 1
+    --out /tmp/twin/sweep --sim-only
+# What was run (one live repeat per configuration and load, for the time a session had), at those loads:
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run --repeats 1 --loads light:0.4,queueing:1
 # The full comparison: three interleaved repeats (about three hours on two cores).
 # .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
 #     --out results/twin/run3
