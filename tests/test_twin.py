@@ -105,6 +105,9 @@ def test_the_table_puts_live_medians_beside_the_simulated_with_the_ratio():
     assert "rank the configurations differently" in table
     assert same_order(rows(records[:3] + [_record("mars", light, 1, 8.0, 9.0)])) is True
     assert same_order(rows([_record("mars", light, 1, 8.0, None)])) is None
+    # Simulated within 1% of each other: either live order ranks them alike; 2% apart: it does not.
+    assert same_order(rows([_record("a", light, 1, 10.0, 11.0), _record("b", light, 1, 10.05, 10.5)])) is True
+    assert same_order(rows([_record("a", light, 1, 10.0, 11.0), _record("b", light, 1, 10.2, 10.5)])) is False
 
 
 def test_the_live_prompts_are_set_against_the_simulated_contexts_turn_by_turn():
