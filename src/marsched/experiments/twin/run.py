@@ -76,6 +76,8 @@ def live_records(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], fo
     records = []
     for run_file in sorted(folder.glob("runs/*/run.json")):
         run = RunRecord.from_dict(json.loads(run_file.read_text()))
+        if run.config not in sims or run.repeat > plan.repeats:
+            continue  # an earlier comparison's run in the same folder
         live = None
         if run.measured:
             live = live_numbers(json.loads(Path(run.loadgen).read_text()), contexts)
