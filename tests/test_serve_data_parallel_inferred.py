@@ -114,9 +114,9 @@ def test_unnamed_follow_ups_reach_the_rank_that_kept_their_kv(server):
         before, affinity_before = counters(server), server.state()["affinity"]
         # vLLM's own header puts the new conversation on the tempted one's rank, where the engine core
         # remembers the tempted turn (placement alone might put it on the other).
-        stranger, _ = turn(client, server, [{"role": "system", "content": SYSTEM},
-                                            {"role": "user", "content": first + " and in oslo"}], tools=True,
-                           extra_headers={"X-data-parallel-rank": str(rank)})
+        stranger_messages = [{"role": "system", "content": SYSTEM}, {"role": "user", "content": first + " and in oslo"}]
+        stranger, stranger_message = turn(client, server, stranger_messages, tools=True,
+                                          extra_headers={"X-data-parallel-rank": str(rank)})
         found = wait_for_arrivals(server, [stranger])
         after, affinity = counters(server), server.state()["affinity"]
         assert found[stranger]["rank"] == rank
@@ -132,3 +132,9 @@ def test_unnamed_follow_ups_reach_the_rank_that_kept_their_kv(server):
     assert found[follow_up]["rank"] == found[tempted]["rank"]
     final = counters(server)
     assert final["marsched_retention_hits_total"] == after["marsched_retention_hits_total"] + 1
+    # The stranger ends too, as a client would, so that nothing is left kept when the server stops
+    # (each rank's trace is audited then: a kept turn's host blocks would count as leaked).
+    stranger_messages += [stranger_message, {"role": "tool", "content": "snow",
+                                             "tool_call_id": stranger_message["tool_calls"][0]["id"]}]
+    with openai_client(server) as client:
+        turn(client, server, stranger_messages, tools=False, extra_headers={"X-data-parallel-rank": str(rank)})
