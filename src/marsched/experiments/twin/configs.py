@@ -10,7 +10,7 @@ over HTTP is the gap estimate.
 - `vllm-stock`, `vllm`: stock vLLM's order, each turn ending its request, the prefix cache
   keeping freed blocks (`vllm`);
 - `vllm-stock-host`: the same with a host tier for evicted prefix blocks (`vllm-offload`);
-- `infercept`, `autellix`, `mars`, `mars-boost`: the policy of that name;
+- `infercept`, `autellix`, `mars`: the policy of that name;
 - `continuum`: `marsched serve --policy mars --retention fixed:T`, so MARS's order with every
   call's KV pinned for T seconds (`policy.ttl.ConstantTtl`).
 """
@@ -34,7 +34,6 @@ SIM_POLICY = {
     "continuum": "mars",
     "autellix": "autellix",
     "mars": "mars",
-    "mars-boost": "mars-boost",
 }
 
 
