@@ -24,6 +24,7 @@ from marsched.experiments.twin.records import SCHEMA, Load, TwinRecord, live_num
 from marsched.experiments.twin.simulate import SimEngine, simulate
 from marsched.experiments.twin.stream import replayed_requests
 from marsched.loadgen.options import LoadgenOptions
+from marsched.workload.model import Request
 
 
 PROMPT_TOLERANCE = 0.05  # live prompt tokens against the simulated contexts
@@ -69,10 +70,11 @@ def choose_loads(plan: TwinPlan) -> tuple[Load, ...]:
     return loads
 
 
-def live_records(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], folder: Path) -> list[TwinRecord]:
-    """The records of one load's live comparison, read back from its run files."""
-    contexts = {r.request_id: [s.context_tokens for s in r.segments]
-                for r in replayed_requests(replace(plan.load, rate=load.rate))}
+def live_records(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], folder: Path,
+                 requests: list[Request]) -> list[TwinRecord]:
+    """The records of one load's live comparison, read back from its run files; `requests`: the
+    load's replay, as simulated."""
+    contexts = {r.request_id: [s.context_tokens for s in r.segments] for r in requests}
     records = []
     for run_file in sorted(folder.glob("runs/*/run.json")):
         run = RunRecord.from_dict(json.loads(run_file.read_text()))
@@ -106,9 +108,10 @@ def run_twin(plan: TwinPlan) -> int:
     records: list[TwinRecord] = []
     for load in choose_loads(plan):
         workload = replace(plan.load, rate=load.rate)
+        requests = replayed_requests(workload)
         sims = {}
         for config in plan.configs:
-            sims[config] = simulate(config, workload, plan.sim_engine, plan.pin_s)
+            sims[config] = simulate(config, workload, plan.sim_engine, plan.pin_s, requests)
             progress(f"[{load.name}] simulated {config}: mean {sims[config]['e2e_mean_s']:.2f} s, "
                      f"p99 {sims[config]['e2e_p99_s']:.2f} s over {sims[config]['num_finished']} tasks")
         if plan.sim_only:
@@ -117,7 +120,7 @@ def run_twin(plan: TwinPlan) -> int:
             folder = plan.out / load.name
             live = Plan(plan.configs, plan.repeats, plan.engine, workload, plan.pin_s, folder, plan.start_timeout_s)
             status = max(status, run_plan(live))
-            records += live_records(plan, load, sims, folder)
+            records += live_records(plan, load, sims, folder, requests)
         write_results(plan, records)
         if status not in (0, 1):  # interrupted, or the servers' cores differ: stop here
             break

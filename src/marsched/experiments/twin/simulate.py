@@ -18,6 +18,7 @@ from marsched.metrics.records import summarize
 from marsched.sim.profile import Profile, load_profile
 from marsched.sim.select import make_simulator
 from marsched.vllm.config import MarsConfig
+from marsched.workload.model import Request
 
 REPORTED = ("e2e_mean_s", "e2e_p50_s", "e2e_p99_s", "isolated_e2e_mean_s", "ttft_mean_s", "max_queue_wait_s", "num_finished",
             "preemptions", "strategy_counts")
@@ -42,10 +43,12 @@ def engine_profile(engine: SimEngine) -> Profile:
                    cost=replace(profile.cost, token_budget=engine.max_num_batched_tokens))
 
 
-def simulate(config: str, load: LoadgenOptions, engine: SimEngine, pin_s: float) -> dict[str, Any]:
-    """The simulator's per-task summary for `config` on `load`'s replay."""
+def simulate(config: str, load: LoadgenOptions, engine: SimEngine, pin_s: float,
+             requests: list[Request] | None = None) -> dict[str, Any]:
+    """The simulator's per-task summary for `config` on `load`'s replay (`requests`, where the caller
+    has them already)."""
     profile = engine_profile(engine)
-    requests = replayed_requests(load)
+    requests = replayed_requests(load) if requests is None else requests
     if not requests:
         raise ValueError(f"no task arrives at --rate {load.rate:g} in --duration {load.duration_s:g} s")
     policy = twin_policy(config, profile.cost, pin_s, load.seed)
