@@ -17,12 +17,15 @@ def rec(policy: str, qps: float, mean: float, p99: float) -> dict:
 def write_sets(folder) -> None:
     """Every set: the baselines at two loads (the lower one must not be read), the runs at the top."""
     (folder / "ablation").mkdir()
+    (folder / "bound").mkdir()
     for s in SETS:
         top, low = s.loads[-1], s.loads[0]
         own = [rec(p, q, 10.0 * k, 20.0 * k) for q in (low, top)
                for k, p in enumerate(("infercept", "vllm", "vllm-offload", "continuum", "autellix", "mars"), 1)]
         own += [rec("infercept", low, 1.0, 1.0)]  # a duplicate at the low load: ignored
         (folder / f"{s.name}.json").write_text(json.dumps(own))
+        bound = [rec("mars", low, 1.0, 1.0), rec("mars", top, 2.5, 10.0)]
+        (folder / "bound" / f"{s.name}.json").write_text(json.dumps(bound))
         for _, suffix, _ in RUNS:
             policies = ("preserve", "discard", "swap", "sjf") if suffix == "policies" else ("mars",)
             (folder / "ablation" / f"{s.name}-{suffix}.json").write_text(
@@ -42,6 +45,14 @@ def test_every_row_is_read_at_the_top_load_and_over_infercepts(tmp_path):
     assert lines[2 + ROWS.index("infercept")] == "| infercept |" + " 1.00 / 1.00 |" * len(SETS)
     assert lines[2 + ROWS.index("vllm")] == "| vllm |" + " 2.00 / 2.00 |" * len(SETS)
     assert lines[2 + ROWS.index("sjf")] == "| sjf |" + " 0.50 / 2.00 |" * len(SETS)
+    assert lines[2 + ROWS.index(today_ablation.BOUND)] == f"| {today_ablation.BOUND} |" + " 0.25 / 0.50 |" * len(SETS)
+
+
+def test_a_set_without_its_bound_has_an_empty_bound_cell(tmp_path):
+    write_sets(tmp_path)
+    (tmp_path / "bound" / f"{SETS[0].name}.json").unlink()
+    lines = table(records_at_top(tmp_path)).splitlines()
+    assert lines[2 + ROWS.index(today_ablation.BOUND)].startswith(f"| {today_ablation.BOUND} |  | 0.25 / 0.50 |")
 
 
 def test_the_command_says_what_to_run_first(tmp_path, monkeypatch, capsys):

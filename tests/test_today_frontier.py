@@ -41,8 +41,33 @@ def test_the_reference_engine_is_not_an_other_policy_and_missing_sets_are_left_o
     assert got[s.name]["off"] == Score(0.5, 0.5, 2.0)
     assert "fcfs-wait:4" not in got[s.name]
     rows = table(got).splitlines()
-    assert rows[0] == f"| starvation | {s.name} |"
-    assert "| off | 0.50 / 0.50 / 2.00 |" in rows and "| fcfs-wait:4 |  |" in rows
+    assert rows[0] == f"| variant | {s.name} |"
+    assert "| off | 0.50 / 0.50 / 2.00 / – |" in rows and "| fcfs-wait:4 |  |" in rows
+
+
+def test_boost_reads_its_own_policy_the_bound_its_own_folder_and_slowdown_is_scored(tmp_path):
+    s = SETS[-1]
+    records = [dict(rec(p, q, 10, 10), slowdown_p99=4.0) for p in ("infercept", "mars") for q in s.loads]
+    (tmp_path / f"{s.name}.json").write_text(json.dumps(records))
+    (tmp_path / "frontier").mkdir()
+    (tmp_path / "bound").mkdir()
+    boost = [dict(rec("mars-boost", q, 8, 12), slowdown_p99=2.0) for q in s.loads]
+    # a MARS record in the boost file is not boost's
+    (tmp_path / "frontier" / f"{s.name}-boost0.01.json").write_text(json.dumps(boost + [rec("mars", s.loads[0], 1, 1)]))
+    (tmp_path / "bound" / f"{s.name}.json").write_text(json.dumps([rec("mars", q, 5, 5) for q in s.loads]))
+
+    got = scores(tmp_path)[s.name]
+    assert got["mars-boost γ 0.01 (its default)"] == Score(0.8, 0.8, 1.2, 0.5)
+    assert got["bound: told the future (default starvation)"] == Score(0.5, 0.5, 0.5, None)
+    assert got["fcfs-wait:2 (default)"] == Score(1.0, 1.0, 1.0, 1.0)
+
+
+def test_only_the_frontiers_own_variants_are_run_and_each_names_its_policy():
+    from marsched.experiments.today_frontier import variants
+
+    run_here = [v for v in variants() if v.runs_here]
+    assert run_here and all(v.args[:2] == ("--policies", v.policy) for v in run_here)
+    assert not any(v.folder == "bound" or not v.file for v in run_here)
 
 
 def test_without_results_it_says_what_to_run(tmp_path, monkeypatch, capsys):
@@ -121,3 +146,9 @@ def test_a_failed_run_stops_the_ones_not_started(tmp_path):
     with pytest.raises(RuntimeError, match="bad.json failed"):
         run_compares(todo, workers=1)
     assert not any((tmp_path / f"{i}.json").exists() for i in range(1, 3))
+
+
+def test_an_unknown_variant_to_run_is_refused_with_the_known_ones(capsys):
+    assert today_frontier.main(["run", "fcfs9"]) == 2
+    err = capsys.readouterr().err
+    assert "no variant fcfs9" in err and "boost0.01" in err

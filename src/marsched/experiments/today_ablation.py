@@ -1,6 +1,7 @@
 """What in MARS gives its gain against today's baselines: at the most loaded point of every set of
 results/today/commands.sh, the fixed-strategy policies, shortest-predicted-first, and MARS without
-its admission rule and starvation prevention, beside the baselines; mean and p99 over INFERCEPT's.
+its admission rule and starvation prevention, beside the baselines and the bound (MARS told the
+future, results/today/bound/); mean and p99 over INFERCEPT's.
 
     python -m marsched.experiments.today_ablation run [SET...]   the runs: results/today/ablation/*.json
     python -m marsched.experiments.today_ablation               the table of every set whose runs are there
@@ -24,8 +25,9 @@ RUNS = (
     ("mars, greedy admission, no starvation prevention", "greedy-off",
      ("--policies", "mars", "--admission", "greedy", "--starvation", "off")),
 )
+BOUND = "bound: mars told the future"  # results/today/bound/: a bound, not a policy anyone can run
 ROWS = ("vllm", "vllm-offload", "continuum", "autellix", "discard", "preserve", "swap", "infercept", "sjf",
-        "mars, greedy admission, no starvation prevention", "mars, greedy admission", "mars")
+        "mars, greedy admission, no starvation prevention", "mars, greedy admission", "mars", BOUND)
 
 
 def run(sets: tuple[TodaySet, ...] = SETS) -> None:
@@ -51,6 +53,9 @@ def records_at_top(today: Path = ROOT) -> dict[str, dict[str, dict]]:
         for label, suffix, _ in RUNS:
             for r in json.loads((today / "ablation" / f"{s.name}-{suffix}.json").read_text()):
                 rows[r["policy"] if label.startswith("preserve") else label] = r
+        bound = today / "bound" / f"{s.name}.json"
+        if bound.exists():
+            rows.update({BOUND: r for r in json.loads(bound.read_text()) if r["qps"] == top and r["policy"] == "mars"})
         out[s.name] = rows
     return out
 
@@ -63,8 +68,9 @@ def table(by_set: dict[str, dict[str, dict]]) -> str:
     for label in ROWS:
         cells = []
         for rows in by_set.values():
-            r, infercept = rows[label], rows["infercept"]
-            cells.append(f"{r['e2e_mean_s'] / infercept['e2e_mean_s']:.2f} / {r['e2e_p99_s'] / infercept['e2e_p99_s']:.2f}")
+            r, infercept = rows.get(label), rows["infercept"]
+            cells.append("" if r is None else
+                         f"{r['e2e_mean_s'] / infercept['e2e_mean_s']:.2f} / {r['e2e_p99_s'] / infercept['e2e_p99_s']:.2f}")
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
 

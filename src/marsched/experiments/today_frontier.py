@@ -1,14 +1,17 @@
-"""MARS's mean/p99 trade-off against today's baselines: its starvation variants on every set of
+"""MARS's mean/p99 trade-off against today's baselines: its starvation and order variants on every set of
 results/today/commands.sh, each load against the best other policy at that load.
 
-    python -m marsched.experiments.today_frontier run     the variants' runs: results/today/frontier/*.json
+    python -m marsched.experiments.today_frontier run [VARIANT...]
+                                                          the variants' runs (all, or those of these
+                                                          file keys): results/today/frontier/*.json
     python -m marsched.experiments.today_frontier         the table (docs/results.md) and frontier.png
 
 Each variant is scored as the goals read: its worst mean ratio over the loads (against the best
 other policy by mean at each load), its mean ratio at the most loaded point, and its worst p99
-ratio over the loads (against the best other by p99). The default's runs are the MARS records of
-results/today/<set>.json; the other policies' records come from there too (`vllm-v0` is there
-for reference only, as in docs/results.md).
+ratio over the loads (against the best other by p99), and its worst p99 slowdown ratio the same
+way. The default's runs are the MARS records of results/today/<set>.json; the other policies'
+records come from there too (`vllm-v0` is there for reference only, as in docs/results.md). The
+bound's row reads results/today/bound/ (MARS told the future): a bound, not a setting anyone can run.
 """
 
 from __future__ import annotations
@@ -99,34 +102,66 @@ def run_compares(todo: list[Compare], workers: int | None = None) -> None:
 @dataclass(frozen=True)
 class Variant:
     label: str
-    args: tuple[str, ...]  # marsched compare's starvation flags
-    file: str  # results/today/frontier/<set>-<file>.json; "" for the default (the set's own runs)
+    args: tuple[str, ...]  # marsched compare's policy and order flags
+    file: str  # results/today/<folder>/<set>-<file>.json; "" for the default (the set's own runs)
+    policy: str = "mars"  # the records' policy name
+    folder: str = "frontier"  # "bound": results/today/bound/<set>.json, run by commands.sh, not here
+
+    def path(self, today: Path, set_name: str) -> Path:
+        if not self.file:
+            return today / f"{set_name}.json"
+        if self.folder == "bound":
+            return today / "bound" / f"{set_name}.json"
+        return today / self.folder / f"{set_name}-{self.file}.json"
+
+    @property
+    def runs_here(self) -> bool:
+        return bool(self.file) and self.folder == "frontier"
+
+
+BOOST_GAMMAS = (0.003, 0.01, 0.03)  # per device second: the sweep of docs/results.md, "Bounded overtaking"
+NUDGE_MS = ()  # Nudge-M's window, once `mars-nudge` exists
 
 
 def variants() -> list[Variant]:
-    """The `fcfs-wait` multiples (2 is the default), `age` thresholds and no prevention at all."""
+    """The `fcfs-wait` multiples (2 is the default), `age` thresholds, no prevention at all, the
+    bounded-overtaking orders, and MARS told the future (a bound, not a setting)."""
+    from marsched.policy.boost import DEFAULT_BOOST_GAMMA
     from marsched.policy.registry import DEFAULT_STARVATION, STARVATION_VARIANTS
 
     default = STARVATION_VARIANTS[DEFAULT_STARVATION]
     out = []
-    for multiple in (0.8, 1, 1.25, 1.5, 2, 3, 4):
+    for multiple in (0.8, 1, 1.5, 2, 4):
         if DEFAULT_STARVATION == "fcfs-wait" and multiple == default.fcfs_multiple:
             out.append(Variant(f"fcfs-wait:{multiple:g} (default)", (), ""))
         else:
-            out.append(Variant(f"fcfs-wait:{multiple:g}", ("--starvation", f"fcfs-wait:{multiple:g}"),
+            out.append(Variant(f"fcfs-wait:{multiple:g}", ("--policies", "mars", "--starvation", f"fcfs-wait:{multiple:g}"),
                                f"fcfs{multiple:g}"))
-    for threshold in (15, 60, 240):
-        out.append(Variant(f"age {threshold} s", ("--starvation", "age", "--starvation-threshold", str(threshold)),
-                           f"age{threshold}"))
-    return out + [Variant("off", ("--starvation", "off"), "off")]
+    for threshold in (15, 60):
+        out.append(Variant(f"age {threshold} s", ("--policies", "mars", "--starvation", "age",
+                                                  "--starvation-threshold", str(threshold)), f"age{threshold}"))
+    out.append(Variant("off", ("--policies", "mars", "--starvation", "off"), "off"))
+    for gamma in BOOST_GAMMAS:
+        default_mark = " (its default)" if gamma == DEFAULT_BOOST_GAMMA else ""
+        out.append(Variant(f"mars-boost γ {gamma:g}{default_mark}", ("--policies", "mars-boost", "--boost-gamma", f"{gamma:g}"),
+                           f"boost{gamma:g}", policy="mars-boost"))
+    for window in NUDGE_MS:
+        out.append(Variant(f"mars-nudge M {window}", ("--policies", "mars-nudge", "--nudge-m", str(window)),
+                           f"nudge{window}", policy="mars-nudge"))
+    return out + [Variant("bound: told the future (default starvation)", (), "bound", folder="bound")]
 
 
-def run() -> None:
-    """Every variant but the default on every set, all loads in one compare each."""
+def run(files: tuple[str, ...] = ()) -> None:
+    """Every variant run here (or those whose file key is in `files`) on every set, all loads in
+    one compare each."""
+    chosen = [v for v in variants() if v.runs_here and (not files or v.file in files)]
+    unknown = set(files) - {v.file for v in chosen}
+    if unknown:
+        raise ValueError(f"no variant {', '.join(sorted(unknown))}; the variants: "
+                         f"{', '.join(v.file for v in variants() if v.runs_here)}")
     folder = ROOT / "frontier"
     folder.mkdir(parents=True, exist_ok=True)
-    run_compares([Compare(f"{s.name} {v.label}", s, s.loads, ("--policies", "mars", *v.args),
-                          folder / f"{s.name}-{v.file}.json") for s in SETS for v in variants() if v.file])
+    run_compares([Compare(f"{s.name} {v.label}", s, s.loads, v.args, v.path(ROOT, s.name)) for s in SETS for v in chosen])
 
 
 @dataclass(frozen=True)
@@ -134,6 +169,8 @@ class Score:
     worst_mean: float  # max over loads of MARS's mean / the best other's
     top_mean: float  # at the most loaded point
     worst_p99: float  # max over loads of MARS's p99 / the best other's (by p99)
+    worst_slowdown_p99: float | None = None  # max over loads of its p99 slowdown / the best other's; None
+    # where a load's records have no slowdown
 
 
 def best_other(others: list[dict], qps: float, metric: str) -> dict:
@@ -141,11 +178,18 @@ def best_other(others: list[dict], qps: float, metric: str) -> dict:
     return min((r for r in others if r["qps"] == qps), key=lambda r: r[metric])
 
 
+def worst_ratio(mars: dict[float, dict], others: list[dict], loads: tuple[float, ...], metric: str) -> float | None:
+    """Max over `loads` of MARS's `metric` over the best other's; None if any record lacks it."""
+    if any(mars[q].get(metric) is None or any(r.get(metric) is None for r in others if r["qps"] == q) for q in loads):
+        return None
+    return max(mars[q][metric] / best_other(others, q, metric)[metric] for q in loads)
+
+
 def score(mars: dict[float, dict], others: list[dict], loads: tuple[float, ...]) -> Score:
     """`mars`: MARS's record per load; `others`: every other policy's records of the set."""
     mean_ratios = [mars[q]["e2e_mean_s"] / best_other(others, q, "e2e_mean_s")["e2e_mean_s"] for q in loads]
-    p99_ratios = [mars[q]["e2e_p99_s"] / best_other(others, q, "e2e_p99_s")["e2e_p99_s"] for q in loads]
-    return Score(max(mean_ratios), mean_ratios[-1], max(p99_ratios))
+    return Score(max(mean_ratios), mean_ratios[-1], worst_ratio(mars, others, loads, "e2e_p99_s"),
+                 worst_ratio(mars, others, loads, "slowdown_p99"))
 
 
 def others_of(records: list[dict]) -> list[dict]:
@@ -162,25 +206,33 @@ def scores(today: Path = ROOT) -> dict[str, dict[str, Score]]:
         records = json.loads((today / f"{s.name}.json").read_text())
         others = others_of(records)
         for v in variants():
-            path = today / "frontier" / f"{s.name}-{v.file}.json" if v.file else today / f"{s.name}.json"
+            path = v.path(today, s.name)
             if not path.exists():
                 continue
-            mars = {r["qps"]: r for r in json.loads(path.read_text()) if r["policy"] == "mars"}
+            mars = {r["qps"]: r for r in json.loads(path.read_text()) if r["policy"] == v.policy}
             if all(q in mars for q in s.loads):
                 out.setdefault(s.name, {})[v.label] = score(mars, others, s.loads)
     return out
 
 
+def cell(c: Score) -> str:
+    slowdown = "–" if c.worst_slowdown_p99 is None else f"{c.worst_slowdown_p99:.2f}"
+    return f"{c.worst_mean:.2f} / {c.top_mean:.2f} / {c.worst_p99:.2f} / {slowdown}"
+
+
 def table(by_set: dict[str, dict[str, Score]]) -> str:
     """One row per variant, one column per set; each cell: worst mean / mean at the most loaded
-    point / worst p99, over the best other policy's."""
+    point / worst p99 / worst p99 slowdown, over the best other policy's."""
     names = list(by_set)
-    lines = ["| starvation | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
+    lines = ["| variant | " + " | ".join(names) + " |", "| --- |" + " --- |" * len(names)]
     for v in variants():
-        cells = [f"{c.worst_mean:.2f} / {c.top_mean:.2f} / {c.worst_p99:.2f}" if (c := by_set[n].get(v.label)) else ""
-                 for n in names]
+        cells = [cell(c) if (c := by_set[n].get(v.label)) else "" for n in names]
         lines.append(f"| {v.label} | " + " | ".join(cells) + " |")
     return "\n".join(lines)
+
+
+COLORS = (("fcfs-wait", "tab:blue"), ("age", "tab:orange"), ("mars-boost", "tab:green"), ("mars-nudge", "tab:purple"),
+          ("bound", "black"))
 
 
 def plot(by_set: dict[str, dict[str, Score]], path: Path) -> None:
@@ -198,7 +250,7 @@ def plot(by_set: dict[str, dict[str, Score]], path: Path) -> None:
         fcfs = [(c.worst_p99, c.top_mean) for label, c in by_variant.items() if label.startswith("fcfs-wait")]
         ax.plot([p for p, _ in fcfs], [m for _, m in fcfs], "-", color="tab:blue", alpha=0.5, zorder=1)
         for label, c in by_variant.items():
-            color = "tab:blue" if label.startswith("fcfs-wait") else "tab:orange" if label.startswith("age") else "tab:gray"
+            color = next((c for prefix, c in COLORS if label.startswith(prefix)), "tab:gray")
             star = "default" in label
             ax.scatter([c.worst_p99], [c.top_mean], color=color, marker="*" if star else "o", s=160 if star else 40,
                        zorder=2)
@@ -209,18 +261,22 @@ def plot(by_set: dict[str, dict[str, Score]], path: Path) -> None:
         ax.set_title(name, fontsize=9)
         ax.set_xlabel("worst p99 over the loads / best other's")
         ax.set_ylabel("mean at the most loaded point / best other's")
-    fig.suptitle("MARS starvation variants against today's baselines: lower left is better")
+    fig.suptitle("MARS's starvation and order variants against today's baselines: lower left is better")
     fig.tight_layout()
     fig.savefig(path, dpi=110)
     plt.close(fig)
 
 
 def main(argv: list[str]) -> int:
-    if argv == ["run"]:
-        run()
+    if argv[:1] == ["run"]:
+        try:
+            run(tuple(argv[1:]))
+        except ValueError as e:
+            print(f"today_frontier: {e}", file=sys.stderr)
+            return 2
         return 0
     if argv:
-        print("usage: python -m marsched.experiments.today_frontier [run]", file=sys.stderr)
+        print("usage: python -m marsched.experiments.today_frontier [run [VARIANT...]]", file=sys.stderr)
         return 2
     by_set = scores(ROOT)
     if not by_set:
