@@ -350,7 +350,10 @@ class ConversationKeeper:
     def _unpin(self, kept: Kept) -> None:
         blocks, kept.pinned = kept.pinned, []
         if blocks:
-            self.pool.free_blocks(blocks)
+            # Tail block first, as vLLM's `KVCacheManager.free` frees a request's: the free queue hands
+            # out its head first, so a partly reused kept turn still leaves a prefix for its follow-up.
+            # Head first, the first block handed out would take the whole prefix with it.
+            self.pool.free_blocks(list(reversed(blocks)))
 
     def _drop_host(self, kept: Kept) -> None:
         if kept.host_key is not None and self.swapper is not None:
