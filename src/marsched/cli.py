@@ -10,7 +10,7 @@ import typer
 
 from marsched import __version__
 from marsched.bench.options import (
-    check_engine_profile, check_policy, check_positive, check_run_options, engine_profile,
+    check_engine_profile, check_nudge_m, check_policy, check_positive, check_run_options, engine_profile,
 )
 from marsched.bench.report import plot_latency, write_json
 from marsched.bench.runner import RunSpec, grid, run_grid, run_one
@@ -21,6 +21,7 @@ from marsched.cli_output import console, print_results, progress, trace_warnings
 from marsched.policy import Admission
 from marsched.bench.options import named
 from marsched.policy.boost import DEFAULT_BOOST_GAMMA
+from marsched.policy.nudge import DEFAULT_NUDGE_M
 from marsched.policy.program_rest import DEFAULT_REST
 from marsched.policy.registry import POLICY_NAMES, STARVATION_NAMES, STARVATION_VARIANTS, parse_rest
 from marsched.predict.online import DEFAULT_API_ESTIMATOR, DEFAULT_PREDICTOR
@@ -47,6 +48,10 @@ POLICY_HELP = {
     "mars-boost": "MARS with gamma-Boost for the order: arrival less a boost that shrinks with the predicted memory x time, "
                   "overtaking bounded, no promotions (--boost-gamma); over HTTP a turn ranks by its program's "
                   "first arrival",
+    "mars-nudge": "MARS with Nudge-M for the order: first come first served, but a small arrival (predicted memory x "
+                  "time under the lower tercile so far) swaps places with a large request (over the upper tercile) "
+                  "among the last M waiting, each at most once; no promotions (--nudge-m); over HTTP a turn keeps "
+                  "its program's place",
     "continuum": "Continuum: program-level FCFS, the KV pinned for a learnt time-to-live after each call, pins "
                  "given up under memory pressure (simulator only)",
     "continuum-public": "Continuum's public code: as continuum, pinned 2 s after a tool whose mean time is at most "
@@ -109,6 +114,9 @@ PredictorOpt = Annotated[str, typer.Option(
 ApiOpt = Annotated[str, typer.Option("--api-estimator", help="API-duration estimate: past-mean, type-mean or oracle.")]
 BoostOpt = Annotated[float, typer.Option(
     help="γ of mars-boost's order, per second of device time: small ranks by size, large first come first served.")]
+NudgeOpt = Annotated[int, typer.Option(
+    help="M of mars-nudge's order: a small arrival may swap places with a large request among the last M "
+         "waiting (1: only the last, as the original Nudge).")]
 RestOpt = Annotated[str, typer.Option(
     help="What the key knows past a request's current segment: gittins or mean (learnt from the requests "
          "that ended), or plan (the trace's, a bound).")]
@@ -160,7 +168,7 @@ def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float
               strict: bool, trace_out: str | None = None, token_scale: float = 1.0, replicas: int = 1,
               routing: str = "least-loaded", prefix_cache: bool = True, arrivals: str = "poisson",
               warmup: float = 0.0, kv_scale: float = 1.0, rest: str = DEFAULT_REST,
-              boost_gamma: float = DEFAULT_BOOST_GAMMA) -> RunSpec:
+              boost_gamma: float = DEFAULT_BOOST_GAMMA, nudge_m: int = DEFAULT_NUDGE_M) -> RunSpec:
     """The run the shared options of simulate and compare describe, each option checked on its own."""
     threshold = checked(lambda: check_run_options(
         profile=profile, seed=seed, predictor=predictor, api_estimator=api_estimator,
@@ -170,10 +178,11 @@ def _run_spec(policy: str, qps: float, trace: str, profile: str, duration: float
     checked(lambda: check_positive("--kv-scale", kv_scale))
     checked(lambda: named("--rest", rest, lambda: parse_rest(rest)))
     checked(lambda: check_positive("--boost-gamma", boost_gamma))
+    checked(lambda: check_nudge_m(nudge_m))
     return RunSpec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, threshold, refresh_interval,
                    trace_out, strict=strict, starvation=starvation, admission=admission, token_scale=token_scale,
                    replicas=replicas, routing=routing, prefix_cache=prefix_cache, arrivals=arrivals, warmup_s=warmup,
-                   kv_scale=kv_scale, rest=rest, boost_gamma=boost_gamma)
+                   kv_scale=kv_scale, rest=rest, boost_gamma=boost_gamma, nudge_m=nudge_m)
 
 
 @app.command()
@@ -188,6 +197,7 @@ def simulate(
     api_estimator: ApiOpt = DEFAULT_API_ESTIMATOR,
     rest: RestOpt = DEFAULT_REST,
     boost_gamma: BoostOpt = DEFAULT_BOOST_GAMMA,
+    nudge_m: NudgeOpt = DEFAULT_NUDGE_M,
     starvation_threshold: StarvationOpt = "default",
     starvation: VariantOpt = "default",
     admission: AdmissionOpt = "default",
@@ -208,7 +218,8 @@ def simulate(
     checked(lambda: check_positive("--qps", qps))
     spec = _run_spec(policy, qps, trace, profile, duration, seed, predictor, api_estimator, starvation_threshold,
                      starvation, admission, refresh_interval, strict, str(trace_out) if trace_out else None,
-                     token_scale, replicas, routing, prefix_cache, arrivals, warmup, kv_scale, rest, boost_gamma)
+                     token_scale, replicas, routing, prefix_cache, arrivals, warmup, kv_scale, rest, boost_gamma,
+                     nudge_m)
     check_outputs(json_path=json_path, trace_out=trace_out)
     checked(spec.build)  # what is left: combinations of options
     with trace_warnings_once():
@@ -242,6 +253,7 @@ def compare(
     api_estimator: ApiOpt = DEFAULT_API_ESTIMATOR,
     rest: RestOpt = DEFAULT_REST,
     boost_gamma: BoostOpt = DEFAULT_BOOST_GAMMA,
+    nudge_m: NudgeOpt = DEFAULT_NUDGE_M,
     starvation_threshold: StarvationOpt = "default",
     starvation: VariantOpt = "default",
     admission: AdmissionOpt = "default",
@@ -270,7 +282,7 @@ def compare(
     base = _run_spec(names[0], rates[0], trace, profile, duration, seed, predictor, api_estimator,
                      starvation_threshold, starvation, admission, refresh_interval, strict, token_scale=token_scale,
                      replicas=replicas, routing=routing, prefix_cache=prefix_cache, arrivals=arrivals,
-                     warmup=warmup, kv_scale=kv_scale, rest=rest, boost_gamma=boost_gamma)
+                     warmup=warmup, kv_scale=kv_scale, rest=rest, boost_gamma=boost_gamma, nudge_m=nudge_m)
     check_outputs(json_path=json_path, plot=plot)
     specs = grid(base, names, rates)
     for spec in specs:
@@ -332,6 +344,7 @@ def serve(
         help="How a conversation's turns to come weigh in its key: gittins (the Gittins rank over the turns "
              "left of the programs that ended) or mean.")] = DEFAULT_REST,
     boost_gamma: BoostOpt = DEFAULT_BOOST_GAMMA,
+    nudge_m: NudgeOpt = DEFAULT_NUDGE_M,
     refresh_interval: RefreshOpt = 1,
     seed: SeedOpt = 0,
     trace_out: Annotated[Path | None, typer.Option(
@@ -392,6 +405,7 @@ def serve(
         seed=seed, predictor=predictor, api_estimator=api_estimator, starvation_threshold_text=starvation_threshold,
         starvation=starvation, admission=admission, refresh_interval=refresh_interval))
     checked(lambda: check_positive("--boost-gamma", boost_gamma))
+    checked(lambda: check_nudge_m(nudge_m))
     for flag, value in (("--seconds-per-token", seconds_per_token), ("--seconds-per-iteration", seconds_per_iteration),
                         ("--swap-tokens-per-s", swap_tokens_per_s)):
         if value is not None:
@@ -429,7 +443,7 @@ def serve(
                           api_estimator=api_estimator, seed=seed,
                           trace_path=str(trace_out.absolute()) if trace_out else None, cost=cost,
                           profile=profile, learn_cost=learn_cost, retention=retention, retention_limit_s=retention_limit_s, rest=rest,
-                          boost_gamma=boost_gamma)
+                          boost_gamma=boost_gamma, nudge_m=nudge_m)
         options = ServeOptions(model, mars, host=host, port=port, swap=swap, state_endpoint=state_endpoint,
                                cpu_kv_cache_gib=cpu_kv_cache_gib, cpu_threads_bind=cpu_bind,
                                cpu_reserved_cores=cpu_reserved_cores, vllm_args=tuple(ctx.args),

@@ -42,6 +42,13 @@ def check_positive(flag: str, value: float) -> float:
     return value
 
 
+def check_nudge_m(value: int) -> int:
+    """mars-nudge's window: how many of the last waiting requests a small arrival may swap with."""
+    if value < 1:
+        raise ValueError(f"--nudge-m {value}: give a window of 1 or more waiting requests")
+    return value
+
+
 def check_nonnegative(flag: str, value: float) -> float:
     if not (math.isfinite(value) and value >= 0):
         raise ValueError(f"{flag} {value:g}: give a finite number >= 0")

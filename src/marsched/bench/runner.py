@@ -12,6 +12,7 @@ from marsched.metrics.records import summarize
 from marsched.metrics.trace import EventTrace, TraceFile
 from marsched.policy.policy import Policy
 from marsched.policy.boost import DEFAULT_BOOST_GAMMA
+from marsched.policy.nudge import DEFAULT_NUDGE_M
 from marsched.policy.program_rest import DEFAULT_REST, RestRule
 from marsched.policy.registry import make_policy, starvation_variant
 from marsched.predict.api_duration import parse_api_estimator
@@ -67,6 +68,7 @@ class RunSpec:
     # `foreknowledge` predictor reads the plan instead (a bound).
     rest: str = DEFAULT_REST
     boost_gamma: float = DEFAULT_BOOST_GAMMA  # γ of mars-boost's order, per device second (`policy/boost.py`)
+    nudge_m: int = DEFAULT_NUDGE_M  # mars-nudge's window: the last M waiting requests (`policy/nudge.py`)
 
     def build(self):
         """Profile and policy for this spec; raises ValueError naming what is wrong."""
@@ -96,7 +98,7 @@ class RunSpec:
             extra["admission"] = self.admission
         policy = make_policy(self.policy, profile.cost, predictor, refresh_interval=self.refresh_interval,
                              prefix_cache=self.prefix_cache, rest=RestRule.PLAN if bound else self.rest,
-                             boost_gamma=self.boost_gamma, **extra)
+                             boost_gamma=self.boost_gamma, nudge_m=self.nudge_m, **extra)
         return profile, policy
 
 
@@ -176,6 +178,7 @@ def policy_fields(policy: Policy) -> dict:
         "predictor": policy.predictor.name,
         "rest": policy.rest.value,
         **({} if policy.boost_gamma is None else {"boost_gamma": policy.boost_gamma}),
+        **({} if policy.nudge_m is None else {"nudge_m": policy.nudge_m}),
         # Whether the run read what a server cannot know (a segment's own length or call, or the
         # segments to come): then it is a bound, never MARS's number.
         "bound": policy.knows_future or not policy.predictor.knowable,

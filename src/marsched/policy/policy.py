@@ -37,6 +37,9 @@ class Order(str, Enum):
     MEMORY_TIME = "memory-time"  # MARS: predicted memory × time of the remaining life
     # MARS's key as a size in device seconds, boosted ahead of the arrival order (`boost.py`)
     BOOST = "boost"
+    # First come first served by the same arrival, where a small arrival may swap places with a
+    # large request among the last M waiting (`nudge.py`); the queue keeps the places
+    NUDGE = "nudge"
     REMAINING_TOKENS = "remaining-tokens"  # SJF: predicted tokens still to generate
     LEAST_ATTAINED = "least-attained"  # Autellix's PLAS: the program's attained service, in levels (`plas.py`)
 
@@ -158,6 +161,7 @@ class Policy:
     # trace's later segments (a bound); MEAN and GITTINS learn it from the requests that ended.
     rest: RestRule = RestRule.PLAN
     boost_gamma: float | None = None  # γ of the BOOST order, per second (`boost.py`)
+    nudge_m: int | None = None  # the NUDGE order's window: the last M waiting requests (`nudge.py`)
     program_rest: ProgramRest = field(default_factory=ProgramRest, compare=False, repr=False)
     # Tfwd by token count, for the cost it was computed with: a MARS key asks it for every later
     # call at every push, of the same few contexts.
@@ -177,6 +181,11 @@ class Policy:
             raise ValueError("a boost γ goes with the BOOST order, and only with it")
         if self.boost_gamma is not None and not (self.boost_gamma > 0 and math.isfinite(self.boost_gamma)):
             raise ValueError(f"boost γ must be a number > 0, got {self.boost_gamma}")
+        if (self.order is Order.NUDGE) != (self.nudge_m is not None):
+            raise ValueError("a nudge window M goes with the NUDGE order, and only with it")
+        if self.nudge_m is not None and (isinstance(self.nudge_m, bool) or not isinstance(self.nudge_m, int)
+                                         or self.nudge_m < 1):
+            raise ValueError(f"nudge window M must be a whole number >= 1, got {self.nudge_m!r}")
 
     # --- strategies -------------------------------------------------------------------
 
@@ -202,9 +211,10 @@ class Policy:
     @property
     def ranks_by_program_arrival(self) -> bool:
         """Whether a conversation's turn over HTTP ranks by its program's first arrival: Boost's `a`
-        is the arrival a request keeps across its calls in the simulator (`boost.py`), and over
-        HTTP a program's calls are its turns, each a request of its own."""
-        return self.order is Order.BOOST
+        and Nudge's place are the arrival a request keeps across its calls in the simulator
+        (`boost.py`, `nudge.py`), and over HTTP a program's calls are its turns, each a request of
+        its own."""
+        return self.order in (Order.BOOST, Order.NUDGE)
 
     @property
     def knows_future(self) -> bool:
@@ -440,6 +450,8 @@ class Policy:
             return self.memory_time_form(progress, load)
         if self.order is Order.BOOST:
             return self.boost_form(progress, load)
+        if self.order is Order.NUDGE:  # its place: the arrival, or the one a swap gave it (`queue.py`)
+            return KeyForm(0.0, progress.order_s)
         if self.order is Order.REMAINING_TOKENS:
             return KeyForm(0.0, float(self.remaining_tokens(progress)))
         if self.order is Order.LEAST_ATTAINED:
@@ -483,12 +495,21 @@ class Policy:
     def boost_form(self, progress: RequestProgress, load: EngineLoad) -> KeyForm:
         """The Boost rank from MARS's key at the τ now (a constant until the queue rebuilds it: a
         boost moves little with τ), valid over the same range of running KV."""
-        if load.kv_capacity_tokens <= 0:
-            raise ValueError("the boost order needs the engine's KV capacity (EngineLoad.kv_capacity_tokens)")
-        form = self.memory_time_form(progress, load)
-        size_s = form.at(load.iteration_s) / load.kv_capacity_tokens
+        form, size_s = self._device_size(progress, load)
         return KeyForm(0.0, boost_key(progress.order_s, size_s, self.boost_gamma), form.follows_running_kv,
                        form.running_kv_from, form.running_kv_below)
+
+    def device_size_s(self, progress: RequestProgress, load: EngineLoad) -> float:
+        """A request's size for Boost and Nudge: MARS's key over the device's KV capacity, the
+        seconds of the whole device its rest would take."""
+        return self._device_size(progress, load)[1]
+
+    def _device_size(self, progress: RequestProgress, load: EngineLoad) -> tuple[KeyForm, float]:
+        if load.kv_capacity_tokens <= 0:
+            raise ValueError(f"the {self.order.value} order needs the engine's KV capacity "
+                             "(EngineLoad.kv_capacity_tokens)")
+        form = self.memory_time_form(progress, load)
+        return form, form.at(load.iteration_s) / load.kv_capacity_tokens
 
     def _later_strategies_follow_load(self, progress: RequestProgress) -> bool:
         """Whether `outlook` picks a later call's strategy by waste (which weighs the running KV)."""

@@ -69,6 +69,10 @@ class RequestProgress:
     # The distribution of turns left the program's Gittins rank is taken over, as (turns, weight)
     # (`gittins.py`); None: `program` is priced as it is.
     rest_counts: list[tuple[int, float]] | None = None
+    # The Nudge order (`nudge.py`): whether it entered the waiting queue before (a request nudges
+    # only at its first entry), and whether a small arrival swapped it back once (never again).
+    queued_before: bool = False
+    nudged: bool = False
 
     def __post_init__(self) -> None:
         if not self.context_tokens:

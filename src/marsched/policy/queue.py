@@ -25,19 +25,26 @@ queue keeps that estimate (`fcfs_wait.py`): it registers each request at its fir
 and the engines tell it what they computed for each request (`served`) and when it ended
 (`finished`). The threshold in force is the same for every waiting request, so the heap
 by counter start still finds the due ones; `threshold` reports it for the event trace.
+
+Under the Nudge order (`nudge.py`) a key is a place: the request's arrival, or the place a swap
+gave it. The queue keeps the waiting requests sorted by place as well, so that a small request
+entering at the back looks at the last M in O(M); a swap moves the large request to the back by
+a fresh entry (its old heap slot is skipped, as a left request's is).
 """
 
 from __future__ import annotations
 
+import bisect
 import heapq
 import math
 from collections.abc import Iterator
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 
 from marsched.policy.fcfs_wait import FcfsWait, predicted_work_tokens
 from marsched.policy.cost_model import CostModel
 from marsched.policy.load import EngineLoad
-from marsched.policy.policy import Policy, StarvationClock
+from marsched.policy.nudge import NudgeCandidate, SizeHistory, nudge_partner
+from marsched.policy.policy import Order, Policy, StarvationClock
 from marsched.policy.progress import KeyBasis, RequestProgress
 from marsched.policy.ranking import KeyForm
 
@@ -59,6 +66,8 @@ class _Entry:
     counted: bool  # whether its waiting counts towards promotion
     promoted: bool = False
     live: bool = True
+    size_s: float = math.nan  # the Nudge order's size at the push, in device seconds
+    place_sequence: int = 0  # its tie-breaker in the Nudge order's list by place
 
 
 @dataclass(slots=True)
@@ -74,10 +83,14 @@ class WaitingQueue:
     _popped: _Entry | None = None  # the entry `pop` returned last, for `push_back`
     _promoted_live: int = 0  # requests waiting in the promoted lane
     _fcfs: FcfsWait | None = None  # the FCFS wait estimate, when the threshold is relative to it
+    _sizes: SizeHistory | None = None  # the Nudge order: the sizes of the arrivals so far
+    _by_place: list[tuple[float, int, _Entry]] = field(default_factory=list)  # Nudge: waiting, by (place, sequence)
 
     def __post_init__(self) -> None:
         if self.policy.starvation.moves:
             self._fcfs = FcfsWait()
+        if self.policy.order is Order.NUDGE:
+            self._sizes = SizeHistory()
 
     def __len__(self) -> int:
         return len(self._entries)
@@ -99,12 +112,20 @@ class WaitingQueue:
         form = self.policy.queue_key_form(progress, load)
         due = since + self.policy.starvation.offset(progress) if counted else since
         entry = _Entry(progress, form, form.at(load.iteration_s), load, self.policy.cost, since, due, counted)
-        self._entries[progress.request_id] = entry
-        if progress.elder:
+        swapped_back = self._nudge(entry, load) if self._sizes is not None else None
+        self._enter(entry)
+        if swapped_back is not None:  # after the arrival: at an equal place, the small one goes first
+            self._enter(swapped_back)
+
+    def _enter(self, entry: _Entry) -> None:
+        self._entries[entry.progress.request_id] = entry
+        if self._sizes is not None:
+            self._add_place(entry)
+        if entry.progress.elder:
             self._push_promoted(entry)  # promoted for life: ahead of the ranking at every stay
         else:
             self._push_heap(entry)
-            if counted:
+            if entry.counted:
                 heapq.heappush(self._by_start, (entry.due, self._next_sequence(), entry))
 
     def push_back(self, progress: RequestProgress) -> None:
@@ -115,6 +136,8 @@ class WaitingQueue:
         self._popped = None
         entry.live = True
         self._entries[progress.request_id] = entry
+        if self._sizes is not None:
+            self._add_place(entry)
         progress.waited_iterations = 0
         progress.waited_s = 0.0
         if entry.promoted:
@@ -143,6 +166,8 @@ class WaitingQueue:
     def _leave(self, entry: _Entry, iteration: int, now_s: float) -> None:
         entry.live = False
         del self._entries[entry.progress.request_id]
+        if self._sizes is not None:
+            self._drop_place(entry)
         if entry.promoted:
             self._promoted_live -= 1
         if not entry.counted:
@@ -251,6 +276,67 @@ class WaitingQueue:
         if start is None:
             return None
         return max(start + threshold - now_s, 0.0)
+
+    # --- the Nudge order -------------------------------------------------------------
+
+    def _nudge(self, entry: _Entry, load: EngineLoad) -> _Entry | None:
+        """Nudge (`nudge.py`) for a request about to enter: its size is taken; at its first entry,
+        if its place is at the back, it may swap places with a large request among the last M
+        waiting. Returns that request's new entry (at the arrival's place), to enter after it."""
+        progress = entry.progress
+        entry.size_s = self.policy.device_size_s(progress, load)
+        # Its first entry: not back from a call, a preemption or a skipped step, and (over HTTP)
+        # not a later turn of a program that ran (those keep their program's place).
+        arriving = not progress.queued_before and progress.attained_iterations == 0
+        progress.queued_before = True
+        if not arriving:
+            return None
+        swapped_back = None
+        if not self._by_place or self._by_place[-1][0] <= entry.key:
+            back = self._last_waiting(self.policy.nudge_m)
+            partner = nudge_partner(entry.size_s, (NudgeCandidate(e.size_s, e.progress.nudged) for e in back),
+                                    self._sizes.bands(), self.policy.nudge_m)
+            if partner is not None:
+                swapped_back = self._swap(entry, back[partner])
+        self._sizes.observe(entry.size_s)  # after the decision: only earlier arrivals set the bands
+        return swapped_back
+
+    def _last_waiting(self, count: int) -> list[_Entry]:
+        """The last `count` waiting requests by place, nearest the back first (promoted ones aside)."""
+        back: list[_Entry] = []
+        for _, _, entry in reversed(self._by_place):
+            if len(back) == count:
+                break
+            if not entry.promoted:
+                back.append(entry)
+        return back
+
+    def _swap(self, small: _Entry, large: _Entry) -> _Entry:
+        """The small arrival takes the large request's place and the large one the arrival's; the
+        large one is marked, so that it is swapped back at most once. Returns its new entry."""
+        small_place, large_place = large.key, small.key
+        # Places live in the progress: they hold across calls (and, over HTTP, the program's turns).
+        small.progress.order_s, large.progress.order_s = small_place, large_place
+        large.progress.nudged = True
+        small.form, small.key = KeyForm(0.0, small_place), small_place
+        self._leave_place_and_heap(large)
+        return replace(large, form=KeyForm(0.0, large_place), key=large_place, live=True)
+
+    def _leave_place_and_heap(self, entry: _Entry) -> None:
+        """Take an entry out without leaving the queue (its heap slots are skipped from now)."""
+        self._drop_place(entry)
+        del self._entries[entry.progress.request_id]
+        entry.live = False
+
+    def _add_place(self, entry: _Entry) -> None:
+        entry.place_sequence = self._next_sequence()
+        bisect.insort(self._by_place, (entry.key, entry.place_sequence, entry))  # an arrival: an append
+
+    def _drop_place(self, entry: _Entry) -> None:
+        index = bisect.bisect_left(self._by_place, (entry.key, entry.place_sequence))
+        if index == len(self._by_place) or self._by_place[index][2] is not entry:
+            raise AssertionError(f"request {entry.progress.request_id!r} is not at its place in the nudge order")
+        del self._by_place[index]
 
     # --- keys -------------------------------------------------------------------------
 

@@ -8,6 +8,7 @@ from dataclasses import replace
 from marsched.policy.admission import Admission
 from marsched.policy.cost_model import CostModel
 from marsched.policy.boost import DEFAULT_BOOST_GAMMA
+from marsched.policy.nudge import DEFAULT_NUDGE_M
 from marsched.policy.program_rest import RestRule
 from marsched.policy.policy import (
     Order, Policy, Protection, StarvationClock, StarvationConfig, StarvationCount, StrategyRule,
@@ -33,6 +34,9 @@ _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
     "mars": (Order.MEMORY_TIME, StrategyRule.AHEAD, None, True),
     # MARS with γ-Boost for the order (`boost.py`): overtaking bounded, no promotions needed.
     "mars-boost": (Order.BOOST, StrategyRule.AHEAD, None, True),
+    # MARS with Nudge-M for the order (`nudge.py`): first come first served, a small arrival may
+    # swap with a large request among the last M waiting, each large one at most once.
+    "mars-nudge": (Order.NUDGE, StrategyRule.AHEAD, None, True),
     # Continuum (arXiv 2511.02230): program-level FCFS (a request's calls keep its arrival), a pin
     # for a time-to-live after each call (`ttl.py`), pins given up under memory pressure.
     "continuum": (Order.FCFS, StrategyRule.TTL, None, False),
@@ -42,7 +46,8 @@ _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
     "autellix": (Order.LEAST_ATTAINED, StrategyRule.END_AT_CALL, None, False),
 }
 # Policies whose starvation rule is not MARS's and not off by default.
-_OWN_STARVATION = {"autellix": "autellix", "mars-boost": "off"}
+# Boost and Nudge bound how far a request is passed themselves: no promotions.
+_OWN_STARVATION = {"autellix": "autellix", "mars-boost": "off", "mars-nudge": "off"}
 # The TTL each Continuum variant pins for: the paper's rule, or the authors' public 2 s rule.
 _TTL_RULES = {
     "continuum": lambda cost: PaperTtl(cost.recompute_time),
@@ -56,8 +61,8 @@ NO_PREFIX_CACHE: frozenset[str] = frozenset({"vllm-v0", "infercept-code"})
 # Policies only the simulator runs, with what to run on vLLM instead (None: nothing alike there).
 # INFERCEPT's code moves parts of a request's KV, which vLLM's KV manager does not; vLLM 0.2 is
 # not the vLLM the plugin runs in; vLLM's CPU offloading and Continuum's TTL pins are modelled
-# here only. (autellix and mars-boost run on vLLM too: a program's attained service and first
-# arrival are kept across its turns there, `vllm/programs.py`.)
+# here only. (autellix, mars-boost and mars-nudge run on vLLM too: a program's attained service,
+# first arrival and Nudge place are kept across its turns there, `vllm/programs.py`.)
 _ON_VLLM_INSTEAD: dict[str, str | None] = {
     "infercept-code": "infercept", "vllm-v0": "vllm", "vllm-offload": "vllm",
     "continuum": None, "continuum-public": None,
@@ -131,6 +136,7 @@ def make_policy(
     prefix_cache: bool = False,
     rest: RestRule | str = RestRule.PLAN,
     boost_gamma: float = DEFAULT_BOOST_GAMMA,
+    nudge_m: int = DEFAULT_NUDGE_M,
 ) -> Policy:
     """Build a named policy.
 
@@ -184,6 +190,7 @@ def make_policy(
         ttl=_TTL_RULES[name](cost) if name in _TTL_RULES else None,
         rest=parse_rest(rest),
         boost_gamma=boost_gamma if order is Order.BOOST else None,
+        nudge_m=nudge_m if order is Order.NUDGE else None,
     )
 
 

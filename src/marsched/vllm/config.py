@@ -21,6 +21,7 @@ from typing import Any
 from marsched.policy import CostModel, Policy, make_policy, parse_threshold
 from marsched.policy.learned_cost import CostSource
 from marsched.policy.boost import DEFAULT_BOOST_GAMMA
+from marsched.policy.nudge import DEFAULT_NUDGE_M
 from marsched.policy.program_rest import DEFAULT_REST, RestRule
 from marsched.policy.registry import SIMULATOR_ONLY, parse_rest, simulator_only_reason
 from marsched.policy.retention import DEFAULT_LIMIT_S, RetentionRule, parse_retention
@@ -84,6 +85,7 @@ class MarsConfig:
     # learnt from the programs that ended (over HTTP a program's rest is never known: no plan).
     rest: str = DEFAULT_REST
     boost_gamma: float = DEFAULT_BOOST_GAMMA  # γ of mars-boost's order, per device second (`policy/boost.py`)
+    nudge_m: int = DEFAULT_NUDGE_M  # mars-nudge's window: the last M waiting requests (`policy/nudge.py`)
     cost: CostSettings = field(default_factory=CostSettings)
     # A profile (bundled name or .json path, e.g. from `marsched calibrate`): its cost model
     # replaces `cost`, with vLLM's token budget. A relative path is read from the engine's
@@ -107,6 +109,8 @@ class MarsConfig:
         if (isinstance(self.boost_gamma, bool) or not isinstance(self.boost_gamma, (int, float))
                 or not (self.boost_gamma > 0 and math.isfinite(self.boost_gamma))):
             raise ValueError(f"marsched config 'boost_gamma': give a number > 0, got {self.boost_gamma!r}")
+        if isinstance(self.nudge_m, bool) or not isinstance(self.nudge_m, int) or self.nudge_m < 1:
+            raise ValueError(f"marsched config 'nudge_m': give a whole number >= 1, got {self.nudge_m!r}")
         self.build_policy(token_budget=1)
         self.retention_rule()
         self.rest_rule()
@@ -213,5 +217,6 @@ class MarsConfig:
             predictor=predictor,
             refresh_interval=self.refresh_interval,
             boost_gamma=float(self.boost_gamma),
+            nudge_m=self.nudge_m,
             **kwargs,
         )

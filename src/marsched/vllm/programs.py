@@ -7,7 +7,8 @@ ranks a turn alone. Here a follow-up turn starts with what its program has waite
 served so far (`RequestProgress.waited_iterations`, `waited_s`, `attained_iterations`: Autellix's
 PLAS ranks by the last, as the simulator ranks a request's later calls), ranks by its program's
 first arrival where the order reads the arrival a request keeps across its calls in the simulator
-(`Policy.ranks_by_program_arrival`: mars-boost's `a`), and carries a `ProgramOutlook`: the turns
+(`Policy.ranks_by_program_arrival`: mars-boost's `a`, mars-nudge's place, which a Nudge swap may
+have moved, and whether a swap moved it back already), and carries a `ProgramOutlook`: the turns
 its program is expected to have left (from the programs that ended: a turn with `retain: false`,
 or a release), its reply length (the predicted one, or the program's mean so far) and its context
 growth per turn (the program's mean).
@@ -35,7 +36,10 @@ class ProgramRecord:
     ended_turns: int = 0
     first_context: int = 0  # the first turn's prompt
     last_context: int = 0  # the latest turn's prompt
-    first_arrival_s: float = 0.0  # when the first turn arrived (the scheduler's clock)
+    # Its place in the arrival order (the scheduler's clock): when its first turn arrived, or the
+    # place a Nudge swap gave one of its turns (`policy/nudge.py`); and whether a swap moved it back.
+    order_s: float = 0.0
+    nudged: bool = False
 
 
 class ProgramLedger:
@@ -54,7 +58,7 @@ class ProgramLedger:
         """A turn of `conversation` arrives (its reply predicted at `predicted_tokens`): it takes
         over its program's clocks and gets its outlook. `progress.order_s` is the turn's arrival."""
         record = self._programs.pop(conversation, None) or ProgramRecord(first_context=progress.context_tokens,
-                                                                         first_arrival_s=progress.order_s)
+                                                                         order_s=progress.order_s)
         self._programs[conversation] = record
         while len(self._programs) > self._limit:
             self._programs.popitem(last=False)
@@ -65,7 +69,8 @@ class ProgramLedger:
         progress.attained_iterations += record.attained_iterations
         progress.attained_before_segment = progress.attained_iterations
         if self.program_arrival:
-            progress.order_s = record.first_arrival_s
+            progress.order_s = record.order_s
+            progress.nudged = record.nudged
         progress.program = self._outlook(record, predicted_tokens)
         progress.rest_counts = self._counts(record)
 
@@ -74,7 +79,7 @@ class ProgramLedger:
         not recognised then) ends as its program's first turn: from now on it is followed (`turn_ends`)."""
         if conversation not in self._programs:
             self._programs[conversation] = ProgramRecord(turns=1, first_context=prompt_tokens,
-                                                         last_context=prompt_tokens, first_arrival_s=arrival_s)
+                                                         last_context=prompt_tokens, order_s=arrival_s)
             while len(self._programs) > self._limit:
                 self._programs.popitem(last=False)
 
@@ -104,6 +109,8 @@ class ProgramLedger:
         record.waited_iterations = 0 if progress.promoted else progress.waited_iterations
         record.waited_s = 0.0 if progress.promoted else progress.waited_s
         record.attained_iterations = progress.attained_iterations
+        if self.program_arrival:  # a Nudge swap may have moved the turn's place while it waited
+            record.order_s, record.nudged = progress.order_s, progress.nudged
         record.output_tokens += progress.generated
         record.ended_turns += 1
         if last:
