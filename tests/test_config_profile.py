@@ -7,6 +7,7 @@ import json
 import pytest
 
 from marsched.bench.real import BenchSpec
+from marsched.policy.nudge import DEFAULT_NUDGE_M
 from marsched.sim.profile import load_profile
 from marsched.vllm.config import CostSettings, MarsConfig
 
@@ -138,6 +139,27 @@ def test_serve_runs_mars_boost_and_autellix_with_their_settings(monkeypatch):
         MarsConfig(policy="mars-boost", boost_gamma=-1.0)
 
 
+def test_serve_runs_mars_nudge_with_its_window(monkeypatch):
+    import marsched.serve as serve_package
+
+    seen = []
+    monkeypatch.setattr(serve_package, "serve", lambda options, echo: seen.append(options.mars) or 0)
+    monkeypatch.setattr("importlib.util.find_spec", lambda name, *a: object())
+    for args in (["--policy", "mars-nudge", "--nudge-m", "5"], ["--policy", "mars-nudge"]):
+        result = CliRunner().invoke(app, ["serve", "m", "--predictor", "oracle", *args])
+        assert result.exit_code == 0, result.output
+    given, default = (mars.build_policy(token_budget=256) for mars in seen)
+    assert (given.name, given.nudge_m, default.nudge_m) == ("mars-nudge", 5, DEFAULT_NUDGE_M)
+    assert given.ranks_by_program_arrival and not given.starvation.enabled
+    assert MarsConfig.from_dict(seen[0].to_dict()).nudge_m == 5  # as the engine process reads it
+    result = CliRunner().invoke(app, ["serve", "m", "--predictor", "oracle", "--policy", "mars-nudge",
+                                      "--nudge-m", "0"])
+    assert result.exit_code == 2 and "--nudge-m 0" in result.output
+    for m in (0, 2.0, True):
+        with pytest.raises(ValueError, match="'nudge_m': give a whole number >= 1"):
+            MarsConfig(policy="mars-nudge", nudge_m=m)
+
+
 @pytest.mark.parametrize("args, message", [
     (["--profile", "nope.json"], "--profile nope.json: no profile file nope.json"),
     (["--profile", "gptj-6b-a100", "--seconds-per-token", "0.001"], "drop --seconds-per-token"),
@@ -184,7 +206,7 @@ def test_the_simulator_only_policy_is_refused_in_vllm_and_by_bench():
 def test_every_simulator_only_policy_is_refused_on_vllm_with_what_to_use_instead():
     from marsched.policy.registry import SIMULATOR_ONLY
     assert {"infercept-code", "vllm-v0", "vllm-offload", "continuum", "continuum-public"} <= SIMULATOR_ONLY
-    assert not {"autellix", "mars-boost"} & SIMULATOR_ONLY  # their programs' state is kept over HTTP too
+    assert not {"autellix", "mars-boost", "mars-nudge"} & SIMULATOR_ONLY  # their programs' state is kept over HTTP too
     for name, instead in (("continuum", None), ("vllm-offload", "vllm"), ("infercept-code", "infercept")):
         with pytest.raises(ValueError) as error:
             MarsConfig(policy=name)

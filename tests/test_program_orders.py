@@ -128,3 +128,21 @@ def test_autellix_promotes_a_turn_that_waited_its_ratio_times_its_programs_servi
             waits[progress.request_id] = iteration - 100
     # Waiting 8 times its service (its program's 10 iterations; at least 1 for a new program).
     assert waits == {"b-1": STARVATION_RATIO * 1, "a-2": STARVATION_RATIO * 10}
+
+
+def test_mars_nudge_swaps_in_the_plugins_queue_and_a_later_turn_keeps_its_programs_place():
+    plugin = Plugin("mars-nudge", nudge_m=2)
+    assert plugin.policy.ranks_by_program_arrival and plugin.ledger.program_arrival
+    for i in range(30):  # first turns of prompts 100 to 3,000 tokens: the sizes the bands are learnt from
+        plugin.arrive(f"seen-{i}", f"seen-{i}", at_s=float(i), prompt_tokens=100 * (i + 1))
+    for i in range(30):
+        plugin.run(f"seen-{i}", 1, f"seen-{i}")
+    big = plugin.arrive("big-1", "big", at_s=100.0, prompt_tokens=4_000)
+    small = plugin.arrive("s-1", "s", at_s=101.0, prompt_tokens=10)
+    assert plugin.order() == ["s-1", "big-1"]
+    assert (small.order_s, big.order_s, big.nudged) == (100.0, 101.0, True)
+    plugin.run("s-1", 3, "s")
+    plugin.run("big-1", 3, "big")
+    later = plugin.arrive("big-2", "big", at_s=200.0, prompt_tokens=4_000)
+    assert (later.order_s, later.nudged) == (101.0, True)
+    assert plugin.arrive("s-2", "s", at_s=201.0, prompt_tokens=10).order_s == 100.0
