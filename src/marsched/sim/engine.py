@@ -56,6 +56,7 @@ class Simulator(PrefixReuse, IterationRun):
         trace: EventTrace | None = None,
         on_step: StepHook | None = None,
         on_progress: Callable[[int, int], None] | None = None,
+        queued_turns: bool = False,
     ) -> None:
         if policy.rule is StrategyRule.BUDGETED and not self._runs_budgeted:
             raise ValueError(f"policy {policy.name!r} runs on its own engine: build it with sim.select.make_simulator")
@@ -93,6 +94,13 @@ class Simulator(PrefixReuse, IterationRun):
         self.reused_blocks = 0  # prefix and host hits
         self.carried_blocks = 0  # the part of them a task took from its conversation's previous task
         self.shared_blocks = 0  # the full blocks tasks' prompts share with their conversation's previous task
+        # Each call's return comes back as a new request, as a client running its own tools sends its
+        # next turn over HTTP: a follow-up whose KV stayed on the device waits in the queue like any
+        # turn, holding its blocks (`marsched serve`'s kept turn claimed by its follow-up), instead of
+        # rejoining the batch as a resumable request does inside vLLM.
+        self.queued_turns = queued_turns
+        self.held: dict[str, tuple[float, SimRequest]] = {}  # such follow-ups: (kept since, request)
+        self.yielded_turns = 0  # held follow-ups that gave their blocks up for the queue's head
 
     @property
     def paused_preserved(self) -> dict[str, SimRequest]:
@@ -225,6 +233,7 @@ class Simulator(PrefixReuse, IterationRun):
     def _return_call(self, sim_request: SimRequest) -> None:
         progress = sim_request.progress
         call = progress.segment.api
+        kept_since = progress.api_started_s
         if sim_request.transfer is not None:
             # Still being copied out: the device copy is intact, so keep it and drop the host one.
             self.link_out.cancel(sim_request.transfer)
@@ -244,7 +253,11 @@ class Simulator(PrefixReuse, IterationRun):
             # the request still holds (stock vLLM holds none at a call, yet hits its prefix).
             self._forget_past(sim_request.kv_owner, call.kept_tokens)
         self.lifecycle.start_segment(sim_request, "paused")
-        if sim_request.device_blocks:
+        if sim_request.device_blocks and self.queued_turns:
+            where = "waiting"
+            sim_request.phase = Phase.WAITING
+            self.held[sim_request.rid] = (kept_since, sim_request)
+        elif sim_request.device_blocks:
             where = "device"
             sim_request.phase = Phase.RUNNING
             self.running.append(sim_request)
@@ -286,6 +299,11 @@ class Simulator(PrefixReuse, IterationRun):
             while not self._fits(sim_request, tokens):
                 if self.policy.releases_pins and self.lifecycle.release_pinned():
                     continue
+                # Held follow-ups give way before anything running is preempted, as pins do (`marsched
+                # serve` would preempt, then unpin them for the head; it preempted nothing in the twin).
+                needed = blocks_for(sim_request.progress.computed_tokens + tokens, self.block_tokens)
+                if self._yield_held(needed - sim_request.device_blocks, sim_request):
+                    continue
                 victim = self._victim(sim_request)
                 preempted = True
                 if victim.rid in batch:
@@ -315,21 +333,39 @@ class Simulator(PrefixReuse, IterationRun):
                 self.queue.push_back(progress)
                 break
             if sim_request.phase is Phase.SWAPPED:
-                if not self._start_swap_in(sim_request):
+                started = self._start_swap_in(sim_request) or (
+                    self._yield_held(sim_request.host_blocks, sim_request) and self._start_swap_in(sim_request))
+                if not started:
                     self.queue.push_back(progress)
                     break
                 admitted = True
                 continue
+            if sim_request.rid in self.held:
+                if not self._admit_held(sim_request, batch, budget):
+                    self.queue.push_back(progress)
+                    break
+                budget -= batch[sim_request.rid][1]
+                admitted = True
+                continue
             hit = self._prefix_hit(sim_request)
             tokens = min(progress.context_tokens - hit * self.block_tokens - progress.computed_tokens, budget)
-            fits = blocks_for(hit * self.block_tokens + tokens, self.block_tokens) <= self.device.free
+            needed = blocks_for(hit * self.block_tokens + tokens, self.block_tokens)
+            fits = needed <= self.device.free
             while not fits and self.policy.releases_pins and self.lifecycle.release_pinned():
+                fits = needed <= self.device.free
+            if not fits and self._yield_held(needed, sim_request):
+                # The yielded blocks may have been its own conversation's: look again.
+                hit = self._prefix_hit(sim_request)
+                tokens = min(progress.context_tokens - hit * self.block_tokens - progress.computed_tokens, budget)
                 fits = blocks_for(hit * self.block_tokens + tokens, self.block_tokens) <= self.device.free
             if not fits:
                 self.queue.push_back(progress)
                 break
             if self._host_hit(sim_request) > hit:
-                if not self._start_prefix_load(sim_request, hit):
+                started = self._start_prefix_load(sim_request, hit) or (
+                    self._yield_held(self._host_hit(sim_request), sim_request)
+                    and self._start_prefix_load(sim_request, self._prefix_hit(sim_request)))
+                if not started:
                     self.queue.push_back(progress)
                     break
                 admitted = True
@@ -343,6 +379,45 @@ class Simulator(PrefixReuse, IterationRun):
             budget -= tokens
             admitted = True
         return admitted
+
+    def _admit_held(self, sim_request: SimRequest, batch: dict[str, tuple[SimRequest, int]], budget: int) -> bool:
+        """A follow-up holding its kept blocks joins the batch, computing only past them; False when
+        its chunk does not fit even after pins and other held follow-ups gave way."""
+        tokens = min(sim_request.progress.pending_tokens, budget)
+        fits = self._fits(sim_request, tokens)
+        while not fits and self.policy.releases_pins and self.lifecycle.release_pinned():
+            fits = self._fits(sim_request, tokens)
+        if not fits:
+            needed = blocks_for(sim_request.progress.computed_tokens + tokens, self.block_tokens)
+            self._yield_held(needed - sim_request.device_blocks, sim_request)
+            fits = self._fits(sim_request, tokens)
+        if not fits:
+            return False
+        del self.held[sim_request.rid]
+        self._grow(sim_request, tokens)
+        self._leave_queue(sim_request, tokens)
+        sim_request.phase = Phase.RUNNING
+        self.running.append(sim_request)
+        batch[sim_request.rid] = (sim_request, tokens)
+        return True
+
+    def _yield_held(self, needed_blocks: int, head: SimRequest) -> bool:
+        """The queue's head needs `needed_blocks` free: follow-ups waiting behind it with their kept
+        blocks give them up, the longest kept first, as `marsched serve` unpins them
+        (`ConversationKeeper.relieve`); their blocks stay in the prefix cache. Whether any did."""
+        yielded = False
+        for rid, (_, held) in sorted(self.held.items(), key=lambda item: item[1][0]):
+            if self.device.free >= needed_blocks:
+                break
+            if held is head:
+                continue
+            del self.held[rid]
+            self._free_keeping_prefix(held)
+            held.device_blocks = 0
+            held.progress.computed_tokens = 0
+            self.yielded_turns += 1
+            yielded = True
+        return yielded
 
     def _has_sequence_room(self) -> bool:
         """Whether the profile's cap on running requests (vLLM's max_num_seqs) lets one more in. A

@@ -4,6 +4,10 @@ The profile is `marsched calibrate`'s for this engine and model shape; its KV ca
 bounds and host swap space are set to what every live server gets (`--num-gpu-blocks-override`,
 `--max-num-seqs`, `--max-num-batched-tokens`, the plugin's host swap budget), so that the
 simulated engine is the live one as far as the profile can say.
+
+Loadgen runs each task's tools itself, so every turn after a call reaches the server as a new
+request: the simulator queues a follow-up whose KV was kept on the device as it queues any turn
+(`Simulator(queued_turns=True)`), where a resumable request inside vLLM would rejoin the batch.
 """
 
 from __future__ import annotations
@@ -52,6 +56,7 @@ def simulate(config: str, load: LoadgenOptions, engine: SimEngine, pin_s: float,
     if not requests:
         raise ValueError(f"no task arrives at --rate {load.rate:g} in --duration {load.duration_s:g} s")
     policy = twin_policy(config, profile.cost, pin_s, load.seed)
-    result = make_simulator(requests, profile, policy).run()
+    # Every turn after a tool call is a new HTTP request: a follow-up whose KV was kept queues like any.
+    result = make_simulator(requests, profile, policy, queued_turns=True).run()
     summary = summarize(result.records)
     return {key: summary[key] for key in REPORTED} | {"tasks": len(requests)}
