@@ -210,6 +210,51 @@ def test_no_swap_before_the_policy_has_seen_enough_sizes():
     assert line.order() == ["big", "s"]
 
 
+def test_the_bands_are_learnt_from_earlier_arrivals_only():
+    line = Line(m=3, primed=28)
+    line.arrive("big", "large")  # the 29th size, seen after its own decision
+    line.arrive("s", "small")  # decided on 29 sizes: too few, no bands yet
+    assert line.order() == ["big", "s"]
+    line.arrive("s-2", "small")  # 30 sizes before it: it swaps
+    assert line.order() == ["s-2", "s", "big"]
+
+
+def test_only_an_arrival_at_the_back_swaps():
+    line = Line(m=3)
+    line.arrive("big", "large", at_s=40.0)
+    line.arrive("big-2", "large", at_s=50.0)
+    small = line.arrive("s", "small", at_s=45.0)  # a place before the back's: it stays there
+    assert line.order() == ["big", "s", "big-2"] and small.order_s == 45.0
+    assert not line.progress["big"].nudged and not line.progress["big-2"].nudged
+
+
+def test_a_request_back_from_a_call_does_not_swap_even_at_the_back():
+    line = Line(m=3)
+    big = line.arrive("big", "large")
+    returning = line.arrive("r", "medium", calls=True)  # not small at its arrival: no swap
+    assert line.order() == ["big", "r"]
+    assert line.pop() is big and line.pop() is returning
+    for progress in (big, returning):  # both ran: big is preempted, r reaches its call
+        progress.ran_before = True
+        progress.attained_iterations = 3
+    line.queue.push(big, LOAD, 0)
+    returning.segment_index, returning.context_tokens, returning.computed_tokens = 1, 260, 0
+    line.policy.start_segment(returning, LOAD)
+    assert line.queue._sizes.bands().is_small(line.policy.device_size_s(returning, LOAD))  # small now, at the back
+    line.queue.push(returning, LOAD, 0)
+    assert line.order() == ["big", "r"] and not big.nudged
+
+
+def test_a_request_pushed_again_without_running_decides_no_more():
+    line = Line(m=3)
+    line.arrive("big", "large")
+    again = line.arrive("r", "medium")
+    line.queue.remove("r", 0, line.clock)  # vLLM removes it and adds it back (a skipped step)
+    again.predictions[0].output_tokens = REPLY["small"]  # told a shorter reply meanwhile
+    line.queue.push(again, LOAD, 0)
+    assert line.order() == ["big", "r"] and not line.progress["big"].nudged
+
+
 def test_a_returning_request_keeps_the_place_a_swap_gave_it_and_does_not_swap_again():
     line = Line(m=3)
     big = line.arrive("big", "large", calls=True)
@@ -249,26 +294,46 @@ def test_a_held_request_put_back_keeps_its_place_in_the_window():
 # --- over HTTP: a program's turns keep its place -----------------------------------------
 
 
-def test_a_later_turn_keeps_the_place_a_swap_gave_its_program_and_its_mark():
-    line = Line(m=3)
-    ledger = ProgramLedger(program_arrival=line.policy.ranks_by_program_arrival)
+class Http:
+    """A mars-nudge queue fed turns through the vLLM plugin's program ledger."""
 
-    def turn(rid: str, conversation: str, kind: str, at_s: float) -> RequestProgress:
+    def __init__(self) -> None:
+        self.line = Line(m=3)
+        self.ledger = ProgramLedger(program_arrival=self.line.policy.ranks_by_program_arrival)
+
+    def turn(self, rid: str, conversation: str, kind: str, at_s: float) -> RequestProgress:
         progress = RequestProgress(build_request(rid, 100, [(REPLY[kind], None)], at_s), order_s=at_s)
-        ledger.turn_arrives(conversation, progress, predicted_tokens=REPLY[kind])
-        line.policy.start_segment(progress, LOAD)
-        line.queue.push(progress, LOAD, 0)
+        self.ledger.turn_arrives(conversation, progress, predicted_tokens=REPLY[kind])
+        self.line.policy.start_segment(progress, LOAD)
+        self.line.queue.push(progress, LOAD, 0)
         return progress
 
+    def ran(self, progress: RequestProgress, conversation: str) -> None:
+        if progress.request_id in self.line.queue:
+            self.line.queue.remove(progress.request_id, 0, self.line.clock)
+        progress.attained_iterations = 4
+        self.ledger.turn_ends(conversation, progress, last=False)
+
+
+def test_a_later_turn_keeps_the_place_a_swap_gave_its_program_and_its_mark():
+    http = Http()
+    line, turn = http.line, http.turn
     big = turn("big-1", "big", "large", 100.0)
     small = turn("s-1", "s", "small", 101.0)
     assert (small.order_s, big.order_s) == (100.0, 101.0) and line.order() == ["s-1", "big-1"]
-    for progress, conversation in ((line.pop(), "s"), (line.pop(), "big")):
-        progress.attained_iterations = 4
-        ledger.turn_ends(conversation, progress, last=False)
+    http.ran(small, "s")
+    http.ran(big, "big")
     later = turn("big-2", "big", "large", 200.0)
     assert later.order_s == 101.0 and later.nudged
     assert turn("s-2", "s", "small", 201.0).order_s == 100.0
+
+
+def test_a_later_turn_does_not_swap_even_at_the_back():
+    http = Http()
+    big = http.turn("big-1", "big", "large", 90.0)
+    http.ran(http.turn("p-1", "p", "medium", 100.0), "p")
+    later = http.turn("p-2", "p", "small", 200.0)  # its program's place, 100, is the back
+    assert later.order_s == 100.0 and http.line.order() == ["big-1", "p-2"] and not big.nudged
 
 
 # --- a simulated run -----------------------------------------------------------------------
