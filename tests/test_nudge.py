@@ -82,8 +82,14 @@ def test_the_bands_are_the_terciles_of_the_sizes_seen_and_follow_the_recent_ones
     for size in (10.0, 20.0, 30.0, 40.0, 50.0, 60.0):  # the oldest ones drop out
         history.observe(size)
     assert len(history) == 6 and history.bands() == SizeBands(30.0, 50.0)
-    with pytest.raises(ValueError, match="size history"):
-        SizeHistory(kept=2, needed=3)
+    one = SizeHistory(kept=1, needed=1)
+    one.observe(5.0)
+    one.observe(7.0)
+    assert one.bands() == SizeBands(7.0, 7.0)
+    assert SizeHistory(kept=3, needed=3).bands() is None
+    for kept, needed in ((2, 3), (3, 0)):
+        with pytest.raises(ValueError, match="size history"):
+            SizeHistory(kept=kept, needed=needed)
 
 
 # --- the policy --------------------------------------------------------------------------

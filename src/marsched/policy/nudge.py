@@ -25,6 +25,7 @@ import bisect
 from collections import deque
 from collections.abc import Iterable
 from dataclasses import dataclass
+from itertools import islice
 
 # The last M waiting requests a small arrival may swap with. The papers keep M small: a large
 # request is pushed back at most M places, once, so its tail barely moves, while with a third of
@@ -71,9 +72,7 @@ def nudge_partner(arrival_size_s: float, back: Iterable[NudgeCandidate], bands: 
         raise ValueError(f"the nudge window M must be >= 1, got {window}")
     if bands is None or not bands.is_small(arrival_size_s):
         return None
-    for index, candidate in enumerate(back):
-        if index >= window:
-            break
+    for index, candidate in enumerate(islice(back, window)):
         if not candidate.nudged and bands.is_large(candidate.size_s):
             return index
     return None
