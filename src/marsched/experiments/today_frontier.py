@@ -120,13 +120,14 @@ class Variant:
 
 
 BOOST_GAMMAS = (0.003, 0.01, 0.03)  # per device second: the sweep of docs/results.md, "Bounded overtaking"
-NUDGE_MS = ()  # Nudge-M's window, once `mars-nudge` exists
+NUDGE_MS = (1, 3)  # Nudge-M's window: 1 is the original Nudge, 3 mars-nudge's default
 
 
 def variants() -> list[Variant]:
     """The `fcfs-wait` multiples (2 is the default), `age` thresholds, no prevention at all, the
     bounded-overtaking orders, and MARS told the future (a bound, not a setting)."""
     from marsched.policy.boost import DEFAULT_BOOST_GAMMA
+    from marsched.policy.nudge import DEFAULT_NUDGE_M
     from marsched.policy.registry import DEFAULT_STARVATION, STARVATION_VARIANTS
 
     default = STARVATION_VARIANTS[DEFAULT_STARVATION]
@@ -146,7 +147,8 @@ def variants() -> list[Variant]:
         out.append(Variant(f"mars-boost γ {gamma:g}{default_mark}", ("--policies", "mars-boost", "--boost-gamma", f"{gamma:g}"),
                            f"boost{gamma:g}", policy="mars-boost"))
     for window in NUDGE_MS:
-        out.append(Variant(f"mars-nudge M {window}", ("--policies", "mars-nudge", "--nudge-m", str(window)),
+        default_mark = " (its default)" if window == DEFAULT_NUDGE_M else ""
+        out.append(Variant(f"mars-nudge M {window}{default_mark}", ("--policies", "mars-nudge", "--nudge-m", str(window)),
                            f"nudge{window}", policy="mars-nudge"))
     return out + [Variant("bound: told the future (default starvation)", (), "bound", folder="bound")]
 
