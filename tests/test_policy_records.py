@@ -263,3 +263,24 @@ def test_the_run_events_declaration_names_the_fixed_strategy_and_the_ranking_ter
     assert declaration(make_policy("mars", COST))["fixed_strategy"] is None
     mars = make_policy("mars", COST)
     assert declaration(mars)["terms"] == asdict(mars.terms)
+
+
+def test_at_call_rule_without_the_true_call_time_prices_the_predicted_one():
+    from dataclasses import replace
+
+    told = make_policy("infercept", COST)
+    predicted_only = replace(make_policy("infercept", COST), reads_true_call_time=False)
+    for policy in (told, predicted_only):
+        progress = _progress(policy, api_s=10.0)
+        # the estimate says the call is short: keep its KV; the truth (10 s) says swap it
+        progress.predictions[0] = replace(progress.predictions[0], api_duration_s=0.0001)
+        progress.computed_tokens = 119
+        expected = Strategy.SWAP if policy is told else Strategy.PRESERVE
+        assert policy.strategy_at_call(progress, LOAD) is expected
+        assert progress.assignments[-1].api_s == (10.0 if policy is told else 0.0001)
+    # while preserved, the time left is the estimate's: 4 s estimated, 1 s gone, 3 s to price
+    progress = _progress(predicted_only, api_s=10.0)
+    progress.predictions[0] = replace(progress.predictions[0], api_duration_s=4.0)
+    progress.computed_tokens, progress.strategy, progress.api_started_s = 119, Strategy.PRESERVE, NOW - 1.0
+    assert predicted_only.reconsider(progress, LOAD) is Strategy.SWAP
+    assert progress.assignments[-1].api_s == 3.0

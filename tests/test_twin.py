@@ -66,6 +66,8 @@ def test_continuum_is_mars_order_with_every_call_pinned_for_its_time_to_live():
     assert isinstance(policy.ttl, ConstantTtl) and policy.ttl.ttl_s("bash", 100) == 3.0
     assert twin_policy("mars", cost, 3.0).rule is StrategyRule.AHEAD
     assert all(twin_policy(c, cost, 3.0).predictor.length.name == "online" for c in ("mars", "vllm", "infercept"))
+    # INFERCEPT's call decision prices the predicted call time, as the live server must
+    assert not twin_policy("infercept", cost, 3.0).reads_true_call_time and twin_policy("mars", cost, 3.0).reads_true_call_time
     with pytest.raises(ValueError, match="no simulated policy"):
         twin_policy("mars-oracle", cost, 3.0)
 

@@ -161,6 +161,9 @@ class Policy:
     # trace's later segments (a bound); MEAN and GITTINS learn it from the requests that ended.
     rest: RestRule = RestRule.PLAN
     boost_gamma: float | None = None  # γ of the BOOST order, per second (`boost.py`)
+    # What the AT_CALL rule (INFERCEPT) prices a call with: its true duration, as its source does in
+    # simulation (a bound), or the predicted one, which is all a server has (the live twin's).
+    reads_true_call_time: bool = True
     nudge_m: int | None = None  # the NUDGE order's window: the last M waiting requests (`nudge.py`)
     program_rest: ProgramRest = field(default_factory=ProgramRest, compare=False, repr=False)
     # Tfwd by token count, for the cost it was computed with: a MARS key asks it for every later
@@ -287,7 +290,7 @@ class Policy:
             progress.assign(StrategyAssignment(progress.segment_index, strategy, load.now_s, progress.computed_tokens,
                                                ttl, "ttl"))
         elif self.rule is StrategyRule.AT_CALL:
-            api_s = progress.segment.api.duration_s  # INFERCEPT uses the true call time (oracle)
+            api_s = self.call_time_s(progress)
             strategy = self._cheapest(progress.computed_tokens, api_s, load, kept_tokens=self._kept(progress))
             progress.assign(
                 StrategyAssignment(progress.segment_index, strategy, load.now_s, progress.computed_tokens, api_s, "at-call")
@@ -373,10 +376,16 @@ class Policy:
             return Strategy.DISCARD
         return self._cheapest(context_tokens, gap_s, load)
 
-    @staticmethod
-    def remaining_call_s(progress: RequestProgress, load: EngineLoad) -> float:
-        """The true time left in the current call (INFERCEPT's oracle)."""
-        return progress.segment.api.duration_s - (load.now_s - progress.api_started_s)
+    def call_time_s(self, progress: RequestProgress) -> float:
+        """The current call's duration as the AT_CALL rule reads it: the true one (INFERCEPT's
+        oracle) or the predicted one (`reads_true_call_time`)."""
+        if self.reads_true_call_time:
+            return progress.segment.api.duration_s
+        return progress.predictions[progress.segment_index].api_duration_s
+
+    def remaining_call_s(self, progress: RequestProgress, load: EngineLoad) -> float:
+        """The time left in the current call, as `call_time_s` reads its duration."""
+        return self.call_time_s(progress) - (load.now_s - progress.api_started_s)
 
     @staticmethod
     def _kept(progress: RequestProgress) -> int | None:

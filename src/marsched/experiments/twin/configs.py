@@ -3,9 +3,9 @@ knowing what it knows.
 
 Every simulated policy predicts from the past only (`--predictor online`, `--api-estimator
 past-mean`, the rest of a program by the Gittins rank: the simulator's knowable defaults), as
-the live servers do. Where a policy's own rule reads more, its source's rule is kept and says so:
-INFERCEPT's decision at a call reads the call's true duration (`Policy.strategy_at_call`), which
-over HTTP is the gap estimate.
+the live servers do. INFERCEPT's decision at a call prices the call by its predicted duration, as
+the live server must (`Policy.reads_true_call_time` off; elsewhere the simulator keeps its
+source's rule, the true duration).
 
 - `vllm-stock`, `vllm`: stock vLLM's order, each turn ending its request, the prefix cache
   keeping freed blocks (`vllm`);
@@ -47,4 +47,6 @@ def twin_policy(config: str, cost: CostModel, pin_s: float, seed: int = 0) -> Po
     policy = make_policy(SIM_POLICY[config], cost, predictor, prefix_cache=True, rest="gittins")
     if config == "continuum":
         policy = replace(policy, rule=StrategyRule.TTL, ttl=ConstantTtl(pin_s))
+    if config == "infercept":
+        policy = replace(policy, reads_true_call_time=False)
     return policy
