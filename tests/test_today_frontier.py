@@ -151,4 +151,19 @@ def test_a_failed_run_stops_the_ones_not_started(tmp_path):
 def test_an_unknown_variant_to_run_is_refused_with_the_known_ones(capsys):
     assert today_frontier.main(["run", "fcfs9"]) == 2
     err = capsys.readouterr().err
-    assert "no variant fcfs9" in err and "boost0.01" in err
+    assert "no set or variant fcfs9" in err and "boost0.01" in err and SETS[0].name in err
+
+
+def test_run_runs_the_named_variants_on_the_named_sets_or_all_of_each_kind(monkeypatch, tmp_path):
+    ran = []
+    monkeypatch.setattr(today_frontier, "ROOT", tmp_path)
+    monkeypatch.setattr(today_frontier, "run_compares", lambda todo: ran.extend((c.set.name, c.out.name) for c in todo))
+    s = SETS[2].name
+    today_frontier.run((s, "boost0.01", "off"))
+    assert ran == [(s, f"{s}-off.json"), (s, f"{s}-boost0.01.json")]
+    ran.clear()
+    today_frontier.run(("nudge3",))
+    assert ran == [(x.name, f"{x.name}-nudge3.json") for x in SETS]
+    ran.clear()
+    today_frontier.run((s,))
+    assert len(ran) == len([v for v in today_frontier.variants() if v.runs_here]) and {x for x, _ in ran} == {s}

@@ -1,9 +1,10 @@
 """MARS's mean/p99 trade-off against today's baselines: its starvation and order variants on every set of
 results/today/commands.sh, each load against the best other policy at that load.
 
-    python -m marsched.experiments.today_frontier run [VARIANT...]
-                                                          the variants' runs (all, or those of these
-                                                          file keys): results/today/frontier/*.json
+    python -m marsched.experiments.today_frontier run [SET|VARIANT...]
+                                                          the variants' runs (on every set, or the
+                                                          sets named; every variant, or those of the
+                                                          file keys named): results/today/frontier/*.json
     python -m marsched.experiments.today_frontier         the table (docs/results.md) and frontier.png
 
 Each variant is scored as the goals read: its worst mean ratio over the loads (against the best
@@ -153,17 +154,20 @@ def variants() -> list[Variant]:
     return out + [Variant("bound: told the future (default starvation)", (), "bound", folder="bound")]
 
 
-def run(files: tuple[str, ...] = ()) -> None:
-    """Every variant run here (or those whose file key is in `files`) on every set, all loads in
-    one compare each."""
-    chosen = [v for v in variants() if v.runs_here and (not files or v.file in files)]
-    unknown = set(files) - {v.file for v in chosen}
+def run(names: tuple[str, ...] = ()) -> None:
+    """The variants run here on the sets, all loads in one compare each. `names`: set names and
+    variant file keys; with none of either kind, every one of that kind."""
+    here = [v for v in variants() if v.runs_here]
+    set_names = {s.name for s in SETS}
+    unknown = sorted(set(names) - set_names - {v.file for v in here})
     if unknown:
-        raise ValueError(f"no variant {', '.join(sorted(unknown))}; the variants: "
-                         f"{', '.join(v.file for v in variants() if v.runs_here)}")
+        raise ValueError(f"no set or variant {', '.join(unknown)}; the sets: {', '.join(s.name for s in SETS)}; "
+                         f"the variants: {', '.join(v.file for v in here)}")
+    sets = [s for s in SETS if s.name in names] or list(SETS)
+    chosen = [v for v in here if v.file in names] or here
     folder = ROOT / "frontier"
     folder.mkdir(parents=True, exist_ok=True)
-    run_compares([Compare(f"{s.name} {v.label}", s, s.loads, v.args, v.path(ROOT, s.name)) for s in SETS for v in chosen])
+    run_compares([Compare(f"{s.name} {v.label}", s, s.loads, v.args, v.path(ROOT, s.name)) for s in sets for v in chosen])
 
 
 @dataclass(frozen=True)
@@ -278,7 +282,7 @@ def main(argv: list[str]) -> int:
             return 2
         return 0
     if argv:
-        print("usage: python -m marsched.experiments.today_frontier [run [VARIANT...]]", file=sys.stderr)
+        print("usage: python -m marsched.experiments.today_frontier [run [SET|VARIANT...]]", file=sys.stderr)
         return 2
     by_set = scores(ROOT)
     if not by_set:
