@@ -250,9 +250,10 @@ class FakeSend:
     def __init__(self, latency_s: float = 0.01, fail: set[tuple[str, int]] = frozenset()) -> None:
         self.latency_s, self.fail, self.prompts = latency_s, fail, []
 
-    async def __call__(self, prompt: str, turn: TurnRecord, conversation: str) -> str:
+    async def __call__(self, prompt: str, turn: TurnRecord, conversation: str, last: bool) -> str:
         turn.sent_s = time.monotonic() - self.clock0
         self.prompts.append((conversation, turn.index, prompt))
+        self.lasts = getattr(self, "lasts", []) + [(conversation, turn.index, last)]
         await asyncio.sleep(self.latency_s)
         if (conversation, turn.index) in self.fail:
             turn.error = "HTTP 500: boom"
@@ -287,6 +288,14 @@ def test_gap_scale_and_cap_shorten_the_wait():
     result = _replay([Arrival(session, "s#0", 0.0)], FakeSend(), GapShape(scale=0.5, cap_s=0.1))
     first, second = result.conversations[0].turns
     assert 0.1 - 0.01 <= second.sent_s - first.end_s < 1.0
+
+
+def test_only_each_conversations_last_turn_is_sent_as_its_last():
+    parent = Session("p", (Turn(TextPrompt("a"), 3, 0.0), Turn(TextPrompt("b"), 2, 0.0), Turn(TextPrompt("c"), 2, 0)))
+    child = Session("p:sa1", (Turn(TextPrompt("x"), 2, 0.0),), parent="p", parent_turn=0)
+    send = FakeSend()
+    _replay([Arrival(parent, "p#0", 0.0), Arrival(child, "p:sa1#0", 0.0, "p#0", 0)], send)
+    assert sorted(send.lasts) == [("p#0", 0, False), ("p#0", 1, False), ("p#0", 2, True), ("p:sa1#0", 0, True)]
 
 
 def test_a_failed_turn_ends_its_conversation_and_its_subagents_never_start():
@@ -549,6 +558,19 @@ def test_oracle_predictions_send_each_replys_length_capped_at_max_tokens_and_say
     assert sent and all(predicted == min(target, 100) for target, predicted in sent)
     assert any(target > 100 for target, _ in sent) and any(target < 100 for target, _ in sent)
     assert json.loads(out.read_text())["settings"]["oracle_predictions"] is True
+
+
+def test_each_conversations_last_turn_tells_the_server_to_keep_nothing(fake_server, tmp_path):
+    out = tmp_path / "r.json"
+    run = loadgen(fake_server.url, "--turn-chars", "400", "--max-turns", "3", "--rate", "2", "--duration", "2",
+                  "--max-gap-s", "0.1", "--out", str(out))
+    assert run.returncode == 0, run.stderr
+    by_conversation: dict[str, list[bool]] = {}
+    for body in fake_server.bodies[1:]:  # after the probe
+        keys = json.loads(body["vllm_xargs"]["marsched"])
+        by_conversation.setdefault(keys["conversation"], []).append(keys.get("retain", True))
+    assert by_conversation and any(len(kept) > 1 for kept in by_conversation.values())
+    assert all(kept == [True] * (len(kept) - 1) + [False] for kept in by_conversation.values())
 
 
 def test_failed_requests_are_counted_not_fatal(fake_server, tmp_path):

@@ -46,11 +46,13 @@ async def _run(options: LoadgenOptions, url: str, api_key: str, arrivals: list[A
 
         clock0 = time.monotonic()
 
-        async def send(prompt: str, turn: TurnRecord, conversation: str) -> str:
+        async def send(prompt: str, turn: TurnRecord, conversation: str, last: bool) -> str:
+            # A conversation's last turn says so (`retain: false`): a marsched server then keeps
+            # nothing of it and counts its program as ended, as a client's final answer lets it.
             return await send_turn(client, server.model, prompt, turn, max_tokens=options.max_tokens,
                                    conversation=conversation if options.conversation_keys else None,
                                    clock0=clock0, timeout_s=options.request_timeout_s,
-                                   oracle=options.oracle_predictions)
+                                   retain=not last, oracle=options.oracle_predictions)
 
         with progress() as bar:
             task = bar.add_task("turns", total=total)

@@ -23,8 +23,10 @@ from marsched.loadgen.filler import GrowingContext
 from marsched.loadgen.records import ConversationRecord, TurnRecord
 from marsched.loadgen.session import GrownPrompt, shape_gap
 
-# send(prompt, turn, conversation): fills `turn` (timing, usage, or its error); returns the reply's text.
-Send = Callable[[str, TurnRecord, str], Awaitable[str]]
+# send(prompt, turn, conversation, last): fills `turn` (timing, usage, or its error); returns the
+# reply's text. `last`: no turn of this conversation follows, as a client's final answer (one with
+# no tool call) tells a server once the reply ends.
+Send = Callable[[str, TurnRecord, str, bool], Awaitable[str]]
 
 
 @dataclass(frozen=True, slots=True)
@@ -65,7 +67,7 @@ async def _converse(arrival: Arrival, record: ConversationRecord, send: Send, ga
     for index, turn in enumerate(turns):
         prompt = context.grow(turn.prompt) if isinstance(turn.prompt, GrownPrompt) else turn.prompt.text
         measured = TurnRecord(index, 0.0, turn.reply_tokens)
-        reply = await send(prompt, measured, arrival.conversation)
+        reply = await send(prompt, measured, arrival.conversation, index + 1 == len(turns))
         record.turns.append(measured)
         if measured.error is not None:
             record.end_s = time.monotonic() - clock0
