@@ -15,12 +15,12 @@ import sys
 from pathlib import Path
 
 from marsched.bench.engine_config import BLOCK_TOKENS
-from marsched.experiments.http_bench.configs import CONFIGS, Engine, check_configs
+from marsched.experiments.http_bench.configs import CONFIGS, Engine, check_configs, pin_seconds
 from marsched.experiments.twin.configs import SIM_POLICY
 from marsched.experiments.twin.loads import parse_loads
 from marsched.experiments.twin.run import TwinPlan, progress, run_twin
 from marsched.experiments.twin.simulate import SimEngine
-from marsched.loadgen.options import CLAUDE_CODE, LoadgenOptions
+from marsched.loadgen.options import CLAUDE_CODE, LoadgenOptions, load_sessions
 
 # The shaping: contexts up to 27k tokens (the bundled sessions' largest is 895k) on a 32k model;
 # tool gaps a tenth of the recorded ones, at most 10 s (the median becomes 0.8 s); 20 calls a task
@@ -101,9 +101,6 @@ def plan_of(args: argparse.Namespace) -> TwinPlan:
     load.check()
     pin_s = args.pin_s
     if pin_s is None:
-        from marsched.experiments.http_bench.configs import pin_seconds
-        from marsched.loadgen.options import load_sessions
-
         pin_s = pin_seconds(load_sessions(load), load.gap_scale, load.max_gap_s)
     elif not pin_s > 0:
         raise ValueError(f"--pin-s {pin_s:g}: give a number of seconds > 0")
