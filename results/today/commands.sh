@@ -30,7 +30,8 @@ marsched compare --trace agent --profile llama3-8b-h100 --policies $P --qps 0.4,
 marsched compare --trace agent --profile llama3-70b-4xh100 --policies $P --qps 0.2,0.8,1.6,2.4 --duration 600 --seed 0 \
   --json results/today/agent-llama3-70b-4xh100.json
 # MARS with noisy length predictions (each off by a lognormal factor, sigma 0.6; a bound, as they start
-# from the true length), same loads.
+# from the true length), same loads. Run before the knowledge boundary: the later segments were read
+# from the trace too.
 N="--policies mars --predictor noisy:0.6 --duration 600 --seed 0"
 marsched compare --trace claude-code --profile llama3-8b-h100 --token-scale 0.14 $N --qps 0.25,0.5,1,2,4 \
   --json results/today/noisy/claude-code-llama3-8b-h100.json
@@ -60,9 +61,14 @@ marsched compare --trace single --profile llama3-8b-h100 $B --qps 16,32,48,64 --
 marsched compare --trace single --profile llama3-70b-4xh100 $B --qps 8,16,24,32 --json results/today/bound/single-llama3-70b-4xh100.json
 marsched compare --trace agent --profile llama3-8b-h100 $B --qps 0.4,1.6,3.2,6.4 --json results/today/bound/agent-llama3-8b-h100.json
 marsched compare --trace agent --profile llama3-70b-4xh100 $B --qps 0.2,0.8,1.6,2.4 --json results/today/bound/agent-llama3-70b-4xh100.json
-# MARS's starvation settings on every set above (docs/results.md, "The trade-off"): the runs, then
-# the table and results/today/frontier/frontier.png.
-python -m marsched.experiments.today_frontier run
+# MARS's starvation settings and orders (docs/results.md, "The trade-off"): every row on seven sets,
+# the new orders' defaults on the four heaviest (`today_frontier run` alone runs every row on every
+# set), then the table and results/today/frontier/frontier.png.
+F="python -m marsched.experiments.today_frontier run"
+$F claude-code-llama3-8b-h100 claude-code-llama3-70b-4xh100 multi-gptj-6b-a100 single-gptj-6b-a100 \
+  agent-gptj-6b-a100 agent-llama3-8b-h100 agent-llama3-70b-4xh100
+$F multi-llama3-8b-h100 fcfs0.8 fcfs1
+$F multi-llama3-8b-h100 multi-llama3-70b-4xh100 single-llama3-8b-h100 single-llama3-70b-4xh100 boost0.01 nudge3
 python -m marsched.experiments.today_frontier
 # What gives MARS its gain (docs/ablation.md, last section): the runs at each set's most loaded
 # point, then the table.
