@@ -13,6 +13,10 @@ VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/mo
 # What was run (one live repeat per configuration and load, for the time a session had), at those loads:
 .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
     --out results/twin/run --repeats 1 --loads light:0.4,queueing:1
+# The second run (docs/results.md, "The second run, after the fixes"), the same loads, after the
+# retention fix, the simulator's queued turns, INFERCEPT's predicted call time and loadgen's last turn:
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run2 --repeats 1 --loads light:0.4,queueing:1
 # The full comparison: three interleaved repeats (about three hours on two cores).
 # .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
 #     --out results/twin/run3
