@@ -24,7 +24,7 @@ def write_sets(folder) -> None:
                for k, p in enumerate(("infercept", "vllm", "vllm-offload", "continuum", "autellix", "mars"), 1)]
         own += [rec("infercept", low, 1.0, 1.0)]  # a duplicate at the low load: ignored
         (folder / f"{s.name}.json").write_text(json.dumps(own))
-        bound = [rec("mars", low, 1.0, 1.0), rec("mars", top, 2.5, 10.0)]
+        bound = [rec("mars", top, 2.5, 10.0), rec("mars", low, 1.0, 1.0)]  # the low load last: not read
         (folder / "bound" / f"{s.name}.json").write_text(json.dumps(bound))
         for _, suffix, _ in RUNS:
             policies = ("preserve", "discard", "swap", "sjf") if suffix == "policies" else ("mars",)
