@@ -60,8 +60,15 @@ class TwinPlan:
 def choose_loads(plan: TwinPlan) -> tuple[Load, ...]:
     if plan.loads is not None:
         return plan.loads
-    points = sweep(plan.configs, plan.grid, lambda config, rate: simulate(
-        config, replace(plan.load, rate=rate), plan.sim_engine, plan.pin_s))
+    replays: dict[float, list[Request]] = {}  # one replay per rate, shared by every configuration
+
+    def simulated(config: str, rate: float) -> dict[str, Any]:
+        workload = replace(plan.load, rate=rate)
+        if rate not in replays:
+            replays[rate] = replayed_requests(workload)
+        return simulate(config, workload, plan.sim_engine, plan.pin_s, replays[rate])
+
+    points = sweep(plan.configs, plan.grid, simulated)
     for rate, slowdowns in relative_slowdowns(points).items():
         progress(f"sweep at {rate:g} tasks/s, slowdown over unloaded: "
                  + ", ".join(f"{config} {value:.2f}x" for config, value in slowdowns.items()))

@@ -16,7 +16,6 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from marsched.experiments.twin.configs import twin_policy
-from marsched.experiments.twin.stream import replayed_requests
 from marsched.loadgen.options import LoadgenOptions
 from marsched.metrics.records import summarize
 from marsched.sim.profile import Profile, load_profile
@@ -48,11 +47,10 @@ def engine_profile(engine: SimEngine) -> Profile:
 
 
 def simulate(config: str, load: LoadgenOptions, engine: SimEngine, pin_s: float,
-             requests: list[Request] | None = None) -> dict[str, Any]:
-    """The simulator's per-task summary for `config` on `load`'s replay (`requests`, where the caller
-    has them already)."""
+             requests: list[Request]) -> dict[str, Any]:
+    """The simulator's per-task summary for `config` on `load`'s replay, `requests`
+    (`stream.replayed_requests`, built once per load and shared by the configurations)."""
     profile = engine_profile(engine)
-    requests = replayed_requests(load) if requests is None else requests
     if not requests:
         raise ValueError(f"no task arrives at --rate {load.rate:g} in --duration {load.duration_s:g} s")
     policy = twin_policy(config, profile.cost, pin_s, load.seed)
