@@ -133,6 +133,18 @@ def test_a_requests_work_is_what_the_engine_computes_for_it():
     assert predicted_work_tokens(trailing.prompt_tokens, predictions) == 60  # the last return is never computed
 
 
+def test_a_turn_whose_kv_is_held_brings_only_the_rest_of_its_prompt():
+    """A server's follow-up turn is a new request whose prompt is the whole history; the KV its
+    conversation kept is counted as computed (`MarsScheduler._progress_of`), and is no work."""
+    policy = make_policy("mars", COST, starvation="fcfs-wait:2")
+    queue = WaitingQueue(policy)
+    progress = RequestProgress(single("turn", 0.0, 1000, 20), order_s=0.0)
+    policy.start_segment(progress, _at(0.0))
+    progress.computed_tokens = 960  # the kept prefix
+    queue.push(progress, _at(0.0), iteration=0)
+    assert queue.fcfs_wait.unserved_tokens == 40 + 20
+
+
 def test_fcfs_wait_is_the_default_and_takes_a_multiple():
     assert DEFAULT_STARVATION == "fcfs-wait"
     assert make_policy("mars", COST).starvation.fcfs_multiple == 2.0

@@ -105,7 +105,9 @@ class WaitingQueue:
         if progress.request_id in self._entries:
             raise ValueError(f"request {progress.request_id!r} is already waiting")
         if self._fcfs is not None and not self._fcfs.knows(progress.request_id):
-            work = predicted_work_tokens(progress.request.prompt_tokens, progress.predictions, progress.program)
+            # What it will compute: a turn whose conversation's KV was kept brings only the rest of its prompt.
+            work = predicted_work_tokens(max(progress.request.prompt_tokens - progress.computed_tokens, 0),
+                                         progress.predictions, progress.program)
             self._fcfs.arrive(progress.request_id, load.now_s, work)
         counted = self.policy.starvation.counts_for(progress)
         since = self._clock(iteration, load.now_s) - self.policy.starvation.carried(progress)

@@ -60,6 +60,7 @@ class Kept:
     copy_step: Any = None  # Swap: the scheduler output whose metadata carries the copy
     copied: bool = False
     claimed_by: str | None = None  # the follow-up's internal id, once it has arrived
+    reusable_tokens: int = 0  # of the follow-up's prompt, the kept prefix it will find (whole blocks)
     decided: Any = None  # what the scheduler decided from, to decide again (`conversation_steps.KeptDecision`)
 
 
@@ -205,17 +206,25 @@ class ConversationKeeper:
         self.stats.hits += 1
         kept.claimed_by = rid
         self.claims[rid] = kept
+        usable = (len(prompt_token_ids) - 1) // self.block_size * self.block_size  # one token is computed
+        matched = min(common_prefix(kept.tokens, prompt_token_ids), usable)
+        kept.reusable_tokens = matched - matched % self.block_size
         if kept.host_key is not None:
             if not kept.copied and self.swapper.cancel_swap_out(kept.host_key):
                 kept.host_key = None  # not copied yet: the pinned device blocks serve it
-            elif kept.copied:
-                usable = (len(prompt_token_ids) - 1) // self.block_size * self.block_size  # one token is computed
-                matched = min(common_prefix(kept.tokens, prompt_token_ids), usable)
-                matched -= matched % self.block_size
-                if matched > 0:
-                    self.swapper.expect_load[rid] = matched
-                    self.swapper.load_from[rid] = kept.host_key
+            elif kept.copied and kept.reusable_tokens > 0:
+                self.swapper.expect_load[rid] = kept.reusable_tokens
+                self.swapper.load_from[rid] = kept.host_key
         return gap
+
+    def reusable(self, rid: str) -> int:
+        """Of a waiting follow-up's prompt, the tokens its kept turn will give it (0: none kept,
+        or given up for the queue's head): KV the engine holds for it, on the device or the host,
+        as the simulator counts a resumed request's."""
+        kept = self.claims.get(rid)
+        if kept is None or not (kept.pinned or (kept.host_key is not None and kept.copied)):
+            return 0
+        return kept.reusable_tokens
 
     def scheduled(self, rid: str, reused_tokens: int) -> None:
         """The follow-up got its blocks: our references and any host copy left can go."""

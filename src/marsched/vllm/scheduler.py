@@ -184,6 +184,12 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
     def _progress_of(self, request: Request) -> RequestProgress:
         tracked = self._tracked[request.request_id]
         self._sync(tracked, request)
+        # A follow-up that has not been scheduled yet has computed nothing (vLLM counts its prefix
+        # hit at scheduling), but the KV its conversation kept is held for it: it is priced, and
+        # brings work, as the rest of its prompt, as the simulator prices a resumed request.
+        reusable = self._keeper.reusable(request.request_id)
+        if reusable > tracked.progress.computed_tokens:
+            tracked.progress.computed_tokens = reusable
         return tracked.progress
 
     @staticmethod
