@@ -128,6 +128,7 @@ def test_regime_command_writes_cells_records_and_heat_map(tmp_path):
     assert run.returncode == 0, run.stderr
     document = json.loads(out.read_text())
     assert document["trace"] == "single" and document["duration_s"] == 20
+    assert document["predictor"] == "online+api:past-mean"  # knowable by default: MARS, not its bound
     assert len(document["cells"]) == 4 and len(document["records"]) == 8
     assert {(c["qps"], c["kv_scale"]) for c in document["cells"]} == {(2, 0.25), (2, 1), (16, 0.25), (16, 1)}
     assert all(c["regime"] in ("light", "saturated", "overloaded") for c in document["cells"])

@@ -16,6 +16,7 @@ from marsched.atomic import OutputPathError, check_output_path, write_atomically
 from marsched.bench.runner import RunSpec, run_grid
 from marsched.cli_checks import fail, positive_numbers
 from marsched.predict import parse_api_estimator, parse_length_predictor
+from marsched.predict.online import DEFAULT_API_ESTIMATOR, DEFAULT_PREDICTOR
 from marsched.regime.table import POLICIES, Thresholds, distinct_values, regime_cells, text_table
 from marsched.sim.memory import blocks_for
 from marsched.sim.profile import load_profile, scale_kv_capacity
@@ -70,9 +71,12 @@ def regime(
     duration: Annotated[float, typer.Option(help="Seconds of Poisson arrivals per run; each run then drains.")] = 300.0,
     seed: Annotated[int, typer.Option(help="Seed for arrivals (0 to 2^32-1); the same stream at every point.")] = 0,
     workers: Annotated[int, typer.Option(help="Parallel processes (0: one per core).")] = 0,
-    predictor: Annotated[str, typer.Option(help="Output-length predictor: oracle or noisy:SIGMA.")] = "oracle",
+    predictor: Annotated[str, typer.Option(
+        help="Output-length predictor: online (knowable: the default), or a bound: oracle, noisy:SIGMA, "
+             "foreknowledge.")] = DEFAULT_PREDICTOR,
     api_estimator: Annotated[str, typer.Option(
-        "--api-estimator", help="API-duration estimate: type-mean or oracle.")] = "type-mean",
+        "--api-estimator", help="API-duration estimate: past-mean (knowable: the default), or a bound: type-mean, "
+                                "oracle.")] = DEFAULT_API_ESTIMATOR,
     light_excess: Annotated[float, typer.Option(
         help="Light: every policy's mean within this fraction of the isolated floor.")] = Thresholds().light_excess,
     overload_wait: Annotated[float, typer.Option(
