@@ -17,6 +17,10 @@ VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/mo
 # retention fix, the simulator's queued turns, INFERCEPT's predicted call time and loadgen's last turn:
 .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
     --out results/twin/run2 --repeats 1 --loads light:0.4,queueing:1
+# The third run (docs/results.md, "The third run"): after a kept follow-up is priced by what it has left,
+# the queueing load only, the three configurations it touches or is measured against, two repeats:
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run3 --configs mars,infercept,continuum --repeats 2 --loads queueing:1
 # The full comparison: three interleaved repeats (about three hours on two cores).
 # .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
-#     --out results/twin/run3
+#     --out results/twin/run3-full
