@@ -30,8 +30,7 @@ marsched compare --trace agent --profile llama3-8b-h100 --policies $P --qps 0.4,
 marsched compare --trace agent --profile llama3-70b-4xh100 --policies $P --qps 0.2,0.8,1.6,2.4 --duration 600 --seed 0 \
   --json results/today/agent-llama3-70b-4xh100.json
 # MARS with noisy length predictions (each off by a lognormal factor, sigma 0.6; a bound, as they start
-# from the true length), same loads. Run before the knowledge boundary: the later segments were read
-# from the trace too.
+# from the true length), same loads; the rest of each request and its call times as the knowable default.
 N="--policies mars --predictor noisy:0.6 --duration 600 --seed 0"
 marsched compare --trace claude-code --profile llama3-8b-h100 --token-scale 0.14 $N --qps 0.25,0.5,1,2,4 \
   --json results/today/noisy/claude-code-llama3-8b-h100.json
