@@ -1,7 +1,7 @@
 #!/usr/bin/env bash
 # MARS against INFERCEPT (the paper's rule, and its published code: infercept-code) and stock vLLM
 # on the three bundled traces, light load to past saturation, with the starvation/admission
-# ablation and noisy predictions.
+# ablation, noisy length predictions and the bound (MARS told the future).
 #   scripts/never_loses.sh              the bundled GPT-J profile: results/never-loses/*.json
 #   scripts/never_loses.sh calibrated   the profile measured on vLLM (results/calibrated-cpu.json):
 #                                       results/never-loses-calibrated/*.json
@@ -34,6 +34,7 @@ if [ "$only_seeds" = yes ]; then
     for seed in "${seeds[@]}"; do
       common=(--trace "$trace" --qps "${top[$trace]}" --seed "$seed")
       run "${common[@]}" --policies infercept,mars --json "$out/seeds/$trace-seed$seed.json"
+      run "${common[@]}" --policies mars --predictor foreknowledge --json "$out/seeds/$trace-bound-seed$seed.json"
       # one process each: side by side on two cores
       run "${common[@]}" --policies mars --starvation off --json "$out/seeds/$trace-off-seed$seed.json" & off=$!
       run "${common[@]}" --policies sjf --admission predicted-peak --json "$out/seeds/$trace-sjf-seed$seed.json" & sjf=$!
@@ -48,6 +49,8 @@ for trace in single multi agent; do
   qps=${loads[$trace]}
   run --trace "$trace" --policies vllm,infercept,mars --qps "$qps" --json "$out/$trace-main.json" --plot "$out/$trace-main.png"
   run --trace "$trace" --policies infercept-code --qps "$qps" --json "$out/$trace-infercept-code.json"
+  # MARS told the future: a bound, shown beside MARS, never as it
+  run --trace "$trace" --policies mars --predictor foreknowledge --qps "$qps" --json "$out/$trace-bound.json"
   for sigma in 0.3 0.6; do
     run --trace "$trace" --policies mars --predictor "noisy:$sigma" --qps "$qps" --json "$out/$trace-noisy$sigma.json"
   done

@@ -51,14 +51,15 @@ def _recorded(tmp_path, *args: str) -> list[str]:
     return calls.read_text().splitlines()
 
 
-def test_the_seed_sweep_runs_three_commands_per_trace_and_seed(sets, tmp_path):
+def test_the_seed_sweep_runs_four_commands_per_trace_and_seed(sets, tmp_path):
     lines = _recorded(tmp_path, "calibrated", "--seeds")
-    assert len(lines) == 3 * len(sets.TRACES) * len(sets.SEEDS)
+    assert len(lines) == 4 * len(sets.TRACES) * len(sets.SEEDS)
     s = sets.RUN_SETS["calibrated"]
     agent_seed3 = [line for line in lines if "--trace agent " in line and "--seed 3 " in line]
     assert all(f"--profile {s.profile} " in line and f"--qps {s.top['agent']:g} " in line for line in agent_seed3)
     assert {line.split("--json ")[1] for line in agent_seed3} == {
-        f"results/{s.folder}/seeds/agent-{kind}seed3.json" for kind in ("", "off-", "sjf-")}
+        f"results/{s.folder}/seeds/agent-{kind}seed3.json" for kind in ("", "off-", "sjf-", "bound-")}
+    assert any("--policies mars --predictor foreknowledge" in line for line in agent_seed3)
     assert any("--policies mars --starvation off" in line for line in agent_seed3)
     assert any("--policies sjf --admission predicted-peak" in line for line in agent_seed3)
     assert any("--policies infercept,mars " in line for line in agent_seed3)
@@ -112,8 +113,21 @@ def test_the_seeds_table_divides_by_the_same_seeds_infercept_and_takes_medians(t
         write(f"agent-seed{seed}", "mars", 0.5 * infercept * (1 + seed**2 / 10), 10 * infercept)
         write(f"agent-off-seed{seed}", "mars", 0.4 * infercept, 20 * infercept)
         write(f"agent-sjf-seed{seed}", "sjf", 0.45 * infercept, 15 * infercept)
+        write(f"agent-bound-seed{seed}", "mars", 0.3 * infercept, 9 * infercept)
     tables.seeds_table(results, ["agent"])
     out = capsys.readouterr().out
-    assert "| agent 2 qps | 2 | 400.0 | 0.700 / 1.00 | 0.400 / 2.00 | 0.450 / 1.50 |" in out
-    assert "| agent 2 qps | median of 3 | | 0.550 / 1.00 | 0.400 / 2.00 | 0.450 / 1.50 |" in out
+    assert "| agent 2 qps | 2 | 400.0 | 0.700 / 1.00 | 0.400 / 2.00 | 0.450 / 1.50 | 0.300 / 0.90 |" in out
+    assert "| agent 2 qps | median of 3 | | 0.550 / 1.00 | 0.400 / 2.00 | 0.450 / 1.50 | 0.300 / 0.90 |" in out
     assert "agent 0.30" in out  # the bundled agent trace's size spread, as the README quotes it
+
+
+def test_the_main_table_shows_the_bound_beside_mars_never_as_it(tables, tmp_path, capsys):
+    results = tables.SetResults(tmp_path, "test", {"agent": 2.0})
+    rows = {"agent-main": [("vllm", 300.0, 900.0), ("infercept", 200.0, 800.0), ("mars", 150.0, 880.0)],
+            "agent-bound": [("mars", 100.0, 720.0)]}
+    for name, records in rows.items():
+        (tmp_path / f"{name}.json").write_text(json.dumps([
+            {"policy": p, "qps": 2.0, "e2e_mean_s": m, "e2e_p99_s": q, "max_queue_wait_s": 5.0} for p, m, q in records]))
+    tables.main_table(results, "agent")
+    out = capsys.readouterr().out
+    assert "| 2 | 300.0 / 900 | 200.0 / 800 | 150.0 / 880 | 0.75 | 1.10 | 5.0 |  |  | 0.50 / 0.90 |" in out

@@ -43,9 +43,11 @@ def main_table(results: SetResults, trace: str) -> None:
         return
     vllm, infercept, mars = _by(main, "vllm"), _by(main, "infercept"), _by(main, "mars")
     noisy = {s: _by(results.load(f"{trace}-noisy{s}"), "mars") for s in ("0.3", "0.6")}
+    bound = _by(results.load(f"{trace}-bound"), "mars")
     print(f"\n**{trace}** (mean / p99 end-to-end s; ratios are MARS over INFERCEPT)\n")
-    print("| qps | vllm | infercept | mars | mean ratio | p99 ratio | mars max wait s | noisy:0.3 mean ratio | noisy:0.6 mean ratio |")
-    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- |")
+    print("| qps | vllm | infercept | mars | mean ratio | p99 ratio | mars max wait s | noisy:0.3 mean ratio "
+          "| noisy:0.6 mean ratio | bound (foreknowledge): mean / p99 ratio |")
+    print("| --- | --- | --- | --- | --- | --- | --- | --- | --- | --- |")
     for qps in sorted(infercept):
         i, m, v = infercept[qps], mars.get(qps), vllm.get(qps)
         if m is None:
@@ -57,6 +59,8 @@ def main_table(results: SetResults, trace: str) -> None:
         for sigma in ("0.3", "0.6"):
             n = noisy[sigma].get(qps)
             cells.append(f"{n['e2e_mean_s'] / i['e2e_mean_s']:.2f}" if n else "")
+        b = bound.get(qps)
+        cells.append(f"{b['e2e_mean_s'] / i['e2e_mean_s']:.2f} / {b['e2e_p99_s'] / i['e2e_p99_s']:.2f}" if b else "")
         print("| " + " | ".join(cells) + " |")
 
 
@@ -200,19 +204,20 @@ def size_spread(trace: str) -> float:
 
 def seeds_table(results: SetResults, traces: list[str]) -> None:
     """Per trace and seed at the most loaded point: INFERCEPT's mean, then MARS (default), MARS with
-    no starvation prevention and SJF over it (mean / p99), and the median over the seeds."""
+    no starvation prevention, SJF and the bound over it (mean / p99), and the median over the seeds."""
     rows = []
     for trace in traces:
-        ratios: dict[str, list[tuple[float, float]]] = {"mars": [], "off": [], "sjf": []}
+        ratios: dict[str, list[tuple[float, float]]] = {"mars": [], "off": [], "sjf": [], "bound": []}
         for seed in results.seeds:
             main = results.load(f"seeds/{trace}-seed{seed}")
             infercept, mars = _by(main, "infercept").get(results.top[trace]), _by(main, "mars").get(results.top[trace])
             off = _by(results.load(f"seeds/{trace}-off-seed{seed}"), "mars").get(results.top[trace])
             sjf = _by(results.load(f"seeds/{trace}-sjf-seed{seed}"), "sjf").get(results.top[trace])
-            if infercept is None or None in (mars, off, sjf):
+            bound = _by(results.load(f"seeds/{trace}-bound-seed{seed}"), "mars").get(results.top[trace])
+            if infercept is None or None in (mars, off, sjf, bound):
                 continue
             cells = []
-            for name, r in (("mars", mars), ("off", off), ("sjf", sjf)):
+            for name, r in (("mars", mars), ("off", off), ("sjf", sjf), ("bound", bound)):
                 pair = (r["e2e_mean_s"] / infercept["e2e_mean_s"], r["e2e_p99_s"] / infercept["e2e_p99_s"])
                 ratios[name].append(pair)
                 cells.append(f"{pair[0]:.3f} / {pair[1]:.2f}")
@@ -223,8 +228,8 @@ def seeds_table(results: SetResults, traces: list[str]) -> None:
             rows.append(f"| {trace} {results.top[trace]:g} qps | median of {len(ratios['mars'])} | | " + " | ".join(medians) + " |")
     if rows:
         print("\n| point | seed | infercept mean s | mars (default): mean / p99 over INFERCEPT's | "
-              "mars, starvation off | sjf, predicted-peak |")
-        print("| --- | --- | --- | --- | --- | --- |")
+              "mars, starvation off | sjf, predicted-peak | bound: mars told the future |")
+        print("| --- | --- | --- | --- | --- | --- | --- |")
         print("\n".join(rows))
         print("\nSpread of request sizes (coefficient of variation of the tokens computed per request): "
               + ", ".join(f"{trace} {size_spread(trace):.2f}" for trace in traces))
