@@ -6,7 +6,7 @@
 #   scripts/never_loses.sh calibrated   the profile measured on vLLM (results/calibrated-cpu.json):
 #                                       results/never-loses-calibrated/*.json
 #   scripts/never_loses.sh SET --seeds  only the sweep over seeds at each trace's most loaded point
-#                                       (INFERCEPT, MARS, MARS without starvation prevention, SJF):
+#                                       (INFERCEPT, MARS, its bound, MARS without starvation prevention, SJF):
 #                                       <the set's folder>/seeds/*.json
 # The loads, most loaded points, seeds and frontier variants are in scripts/never_loses_sets.py;
 # scripts/never_loses_tables.py [calibrated] turns the results into the README's tables.
