@@ -57,18 +57,35 @@ class TwinPlan:
                 "sim_only": self.sim_only}
 
 
-def choose_loads(plan: TwinPlan) -> tuple[Load, ...]:
+class Simulations:
+    """Each rate's replay, built once, and each configuration's simulation of it, run once: the load
+    sweep and the chosen loads' comparison share them (the simulator is deterministic)."""
+
+    def __init__(self, plan: TwinPlan) -> None:
+        self.plan = plan
+        self._replays: dict[float, list[Request]] = {}
+        self._summaries: dict[tuple[str, float], dict[str, Any]] = {}
+
+    def workload(self, rate: float) -> LoadgenOptions:
+        return replace(self.plan.load, rate=rate)
+
+    def replay(self, rate: float) -> list[Request]:
+        if rate not in self._replays:
+            self._replays[rate] = replayed_requests(self.workload(rate))
+        return self._replays[rate]
+
+    def summary(self, config: str, rate: float) -> dict[str, Any]:
+        key = (config, rate)
+        if key not in self._summaries:
+            plan = self.plan
+            self._summaries[key] = simulate(config, self.workload(rate), plan.sim_engine, plan.pin_s, self.replay(rate))
+        return self._summaries[key]
+
+
+def choose_loads(plan: TwinPlan, simulations: Simulations) -> tuple[Load, ...]:
     if plan.loads is not None:
         return plan.loads
-    replays: dict[float, list[Request]] = {}  # one replay per rate, shared by every configuration
-
-    def simulated(config: str, rate: float) -> dict[str, Any]:
-        workload = replace(plan.load, rate=rate)
-        if rate not in replays:
-            replays[rate] = replayed_requests(workload)
-        return simulate(config, workload, plan.sim_engine, plan.pin_s, replays[rate])
-
-    points = sweep(plan.configs, plan.grid, simulated)
+    points = sweep(plan.configs, plan.grid, simulations.summary)
     for rate, slowdowns in relative_slowdowns(points).items():
         progress(f"sweep at {rate:g} tasks/s, slowdown over unloaded: "
                  + ", ".join(f"{config} {value:.2f}x" for config, value in slowdowns.items()))
@@ -113,12 +130,12 @@ def run_twin(plan: TwinPlan) -> int:
     """Simulate, then run live, load by load; the exit status of the live runs (0: all measured)."""
     status = 0
     records: list[TwinRecord] = []
-    for load in choose_loads(plan):
-        workload = replace(plan.load, rate=load.rate)
-        requests = replayed_requests(workload)
+    simulations = Simulations(plan)
+    for load in choose_loads(plan, simulations):
+        workload, requests = simulations.workload(load.rate), simulations.replay(load.rate)
         sims = {}
         for config in plan.configs:
-            sims[config] = simulate(config, workload, plan.sim_engine, plan.pin_s, requests)
+            sims[config] = simulations.summary(config, load.rate)
             progress(f"[{load.name}] simulated {config}: mean {sims[config]['e2e_mean_s']:.2f} s, "
                      f"p99 {sims[config]['e2e_p99_s']:.2f} s over {sims[config]['num_finished']} tasks")
         if plan.sim_only:
