@@ -39,7 +39,7 @@ def requests(draw):
 )
 def test_blocks_in_use_equal_blocks_held_and_return_to_zero(workload, policy_name, device_blocks, host_blocks, threshold):
     profile = small_profile(device_blocks=device_blocks, host_blocks=host_blocks)
-    if policy_name in ("infercept-code", "mars-boost", "mars-nudge"):  # no starvation prevention: INFERCEPT's code has
+    if policy_name in ("infercept-code", "mars-boost", "mars-boost-label", "mars-nudge"):  # no starvation prevention: INFERCEPT's code has
         threshold = None  # none, and Boost and Nudge bound the overtaking themselves
     policy = make_policy(policy_name, COST, starvation_threshold=threshold)
     steps = []

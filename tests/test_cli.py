@@ -51,7 +51,7 @@ def test_simulate_writes_an_event_trace(tmp_path):
 
 
 @pytest.mark.parametrize("option,value,expected", [
-    ("--policy", "fifo", "valid: vllm, vllm-v0, vllm-offload, infercept, infercept-code, sjf, preserve, discard, swap, mars, mars-boost, mars-nudge, continuum, continuum-public, autellix"),
+    ("--policy", "fifo", "valid: vllm, vllm-v0, vllm-offload, infercept, infercept-code, sjf, preserve, discard, swap, mars, mars-boost, mars-boost-label, mars-nudge, continuum, continuum-public, autellix"),
     ("--profile", "h100", "valid: gptj-6b-a100, llama3-70b-4xh100, llama3-8b-h100, vicuna-13b-2xa100"),
     ("--predictor", "magic", "valid: online, foreknowledge (a bound), oracle, noisy:SIGMA"),
     ("--rest", "magic", "--rest magic: unknown rest rule 'magic'; valid: plan, mean, gittins"),

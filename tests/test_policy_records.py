@@ -136,7 +136,7 @@ def test_policy_refuses_inconsistent_settings(kwargs, message):
 def test_unknown_policy_message_lists_every_name():
     with pytest.raises(ValueError) as error:
         make_policy("fifo", COST)
-    assert str(error.value) == "unknown policy 'fifo'; valid: vllm, vllm-v0, vllm-offload, infercept, infercept-code, sjf, preserve, discard, swap, mars, mars-boost, mars-nudge, continuum, continuum-public, autellix"
+    assert str(error.value) == "unknown policy 'fifo'; valid: vllm, vllm-v0, vllm-offload, infercept, infercept-code, sjf, preserve, discard, swap, mars, mars-boost, mars-boost-label, mars-nudge, continuum, continuum-public, autellix"
 
 
 def test_threshold_with_prevention_off_is_refused_in_so_many_words():
@@ -244,7 +244,7 @@ def test_named_rules_refuses_an_unknown_name_listing_the_valid_ones():
     from marsched.policy.registry import named_rules
     with pytest.raises(ValueError) as error:
         named_rules("fifo")
-    assert str(error.value) == "unknown policy 'fifo'; valid: vllm, vllm-v0, vllm-offload, infercept, infercept-code, sjf, preserve, discard, swap, mars, mars-boost, mars-nudge, continuum, continuum-public, autellix"
+    assert str(error.value) == "unknown policy 'fifo'; valid: vllm, vllm-v0, vllm-offload, infercept, infercept-code, sjf, preserve, discard, swap, mars, mars-boost, mars-boost-label, mars-nudge, continuum, continuum-public, autellix"
 
 
 def test_an_fcfs_relative_threshold_needs_the_seconds_clock():

@@ -48,6 +48,8 @@ POLICY_HELP = {
     "mars-boost": "MARS with gamma-Boost for the order: arrival less a boost that shrinks with the predicted memory x time, "
                   "overtaking bounded, no promotions (--boost-gamma); over HTTP a turn ranks by its program's "
                   "first arrival",
+    "mars-boost-label": "mars-boost with Boost's form for predicted sizes: a predicted size is boosted by what the "
+                        "predictions with its label (its predicted length, in powers of two) turned out to be",
     "mars-nudge": "MARS with Nudge-M for the order: first come first served, but a small arrival (predicted memory x "
                   "time under the lower tercile so far) swaps places with a large request (over the upper tercile) "
                   "among the last M waiting, each at most once; no promotions (--nudge-m); over HTTP a turn keeps "

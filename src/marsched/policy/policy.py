@@ -16,11 +16,12 @@ from marsched.policy.cost_model import CostModel
 from marsched.policy.load import EngineLoad
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.ranking import KeyForm, RankingTerms, SegmentOutlook, remaining_area_form
-from marsched.policy.boost import boost_key
+from marsched.policy.boost import boost_from_excess, boost_key
 from marsched.policy.gittins import gittins_outlook
 from marsched.policy.plas import plas_key
 from marsched.policy.program import rest_area_per_iteration
 from marsched.policy.program_rest import ProgramRest, RestRule, call_chance
+from marsched.policy.size_labels import SizeLabels
 from marsched.policy.strategy import Strategy
 from marsched.policy.ttl import FixedTtl, PaperTtl
 from marsched.policy.waste import CallCosts, call_wastes, cheapest
@@ -166,6 +167,8 @@ class Policy:
     reads_true_call_time: bool = True
     nudge_m: int | None = None  # the NUDGE order's window: the last M waiting requests (`nudge.py`)
     program_rest: ProgramRest = field(default_factory=ProgramRest, compare=False, repr=False)
+    # The BOOST order's prediction-label form (`size_labels.py`): None ranks by the predicted size as if exact.
+    size_labels: SizeLabels | None = field(default=None, compare=False, repr=False)
     # Tfwd by token count, for the cost it was computed with: a MARS key asks it for every later
     # call at every push, of the same few contexts.
     _recompute_memo: tuple[CostModel | None, dict[int, float]] = field(
@@ -184,6 +187,8 @@ class Policy:
             raise ValueError("a boost γ goes with the BOOST order, and only with it")
         if self.boost_gamma is not None and not (self.boost_gamma > 0 and math.isfinite(self.boost_gamma)):
             raise ValueError(f"boost γ must be a number > 0, got {self.boost_gamma}")
+        if self.size_labels is not None and self.order is not Order.BOOST:
+            raise ValueError("size labels go with the BOOST order, and only with it")
         if (self.order is Order.NUDGE) != (self.nudge_m is not None):
             raise ValueError("a nudge window M goes with the NUDGE order, and only with it")
         if self.nudge_m is not None and (isinstance(self.nudge_m, bool) or not isinstance(self.nudge_m, int)
@@ -227,6 +232,9 @@ class Policy:
     def start_segment(self, progress: RequestProgress, load: EngineLoad) -> None:
         """Called when a segment becomes current (arrival, call return): predict, and fix the
         strategy now if this policy decides ahead."""
+        if progress.segment_index:
+            index = progress.segment_index - 1
+            self._segment_ended(progress, index, progress.request.segments[index].output_tokens)
         if not self.knows_future:
             self._start_segment_from_past(progress, load)
             return
@@ -347,13 +355,20 @@ class Policy:
         learns of the rest of programs (`program_rest.py`). `last_output_tokens`: what the last
         segment generated, where the request's segments hold a plan instead (vLLM: max_tokens)."""
         request = progress.request
+        last = len(request.segments) - 1
+        output = request.segments[last].output_tokens if last_output_tokens is None else last_output_tokens
+        self._segment_ended(progress, last, output)
         if self.ttl is not None:
             self.ttl.observe_program(len(request.segments))
         if not self.knows_future:
-            last = len(request.segments) - 1
-            output = request.segments[last].output_tokens if last_output_tokens is None else last_output_tokens
             self.predictor.observe_output(RequestPast.of(request, last), output)
             self.program_rest.ended(request.task_class, request.segments)
+
+    def _segment_ended(self, progress: RequestProgress, index: int, output_tokens: int) -> None:
+        """Segment `index` generated `output_tokens`: the size labels learn how its prediction did."""
+        if self.size_labels is not None and index < len(progress.predictions):
+            self.size_labels.observe(progress.request.segments[index].context_tokens,
+                                     progress.predictions[index].output_tokens, output_tokens)
 
     def host_full_fallback(self, progress: RequestProgress, load: EngineLoad) -> Strategy:
         """The call was to swap but host memory has no room: the cheaper of preserve and discard."""
@@ -505,8 +520,13 @@ class Policy:
         """The Boost rank from MARS's key at the τ now (a constant until the queue rebuilds it: a
         boost moves little with τ), valid over the same range of running KV."""
         form, size_s = self._device_size(progress, load)
-        return KeyForm(0.0, boost_key(progress.order_s, size_s, self.boost_gamma), form.follows_running_kv,
-                       form.running_kv_from, form.running_kv_below)
+        if self.size_labels is None or progress.segment_index >= len(progress.predictions):
+            key = boost_key(progress.order_s, size_s, self.boost_gamma)
+        else:
+            predicted = progress.predictions[progress.segment_index].output_tokens
+            key = progress.order_s - boost_from_excess(self.size_labels.excess(size_s, predicted, self.boost_gamma),
+                                                       self.boost_gamma)
+        return KeyForm(0.0, key, form.follows_running_kv, form.running_kv_from, form.running_kv_below)
 
     def device_size_s(self, progress: RequestProgress, load: EngineLoad) -> float:
         """A request's size for Boost and Nudge: MARS's key over the device's KV capacity, the

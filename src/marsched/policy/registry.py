@@ -15,6 +15,7 @@ from marsched.policy.policy import (
 )
 from marsched.policy.plas import STARVATION_RATIO
 from marsched.policy.ranking import RankingTerms
+from marsched.policy.size_labels import SizeLabels
 from marsched.policy.strategy import Strategy
 from marsched.policy.ttl import FixedTtl, PaperTtl
 from marsched.predict.segment import SegmentPredictor
@@ -34,6 +35,9 @@ _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
     "mars": (Order.MEMORY_TIME, StrategyRule.AHEAD, None, True),
     # MARS with γ-Boost for the order (`boost.py`): overtaking bounded, no promotions needed.
     "mars-boost": (Order.BOOST, StrategyRule.AHEAD, None, True),
+    # The same with Boost's form for predicted sizes (`size_labels.py`): a size is worth what the
+    # predictions with its label turned out to be.
+    "mars-boost-label": (Order.BOOST, StrategyRule.AHEAD, None, True),
     # MARS with Nudge-M for the order (`nudge.py`): first come first served, a small arrival may
     # swap with a large request among the last M waiting, each large one at most once.
     "mars-nudge": (Order.NUDGE, StrategyRule.AHEAD, None, True),
@@ -47,7 +51,7 @@ _NAMED: dict[str, tuple[Order, StrategyRule, Strategy | None, bool]] = {
 }
 # Policies whose starvation rule is not MARS's and not off by default.
 # Boost and Nudge bound how far a request is passed themselves: no promotions.
-_OWN_STARVATION = {"autellix": "autellix", "mars-boost": "off", "mars-nudge": "off"}
+_OWN_STARVATION = {"autellix": "autellix", "mars-boost": "off", "mars-boost-label": "off", "mars-nudge": "off"}
 # The TTL each Continuum variant pins for: the paper's rule, or the authors' public 2 s rule.
 _TTL_RULES = {
     "continuum": lambda cost: PaperTtl(cost.recompute_time),
@@ -61,7 +65,7 @@ NO_PREFIX_CACHE: frozenset[str] = frozenset({"vllm-v0", "infercept-code"})
 # Policies only the simulator runs, with what to run on vLLM instead (None: nothing alike there).
 # INFERCEPT's code moves parts of a request's KV, which vLLM's KV manager does not; vLLM 0.2 is
 # not the vLLM the plugin runs in; vLLM's CPU offloading and Continuum's TTL pins are modelled
-# here only. (autellix, mars-boost and mars-nudge run on vLLM too: a program's attained service,
+# here only. (autellix, mars-boost, mars-boost-label and mars-nudge run on vLLM too: a program's attained service,
 # first arrival and Nudge place are kept across its turns there, `vllm/programs.py`.)
 _ON_VLLM_INSTEAD: dict[str, str | None] = {
     "infercept-code": "infercept", "vllm-v0": "vllm", "vllm-offload": "vllm",
@@ -191,6 +195,7 @@ def make_policy(
         rest=parse_rest(rest),
         boost_gamma=boost_gamma if order is Order.BOOST else None,
         nudge_m=nudge_m if order is Order.NUDGE else None,
+        size_labels=SizeLabels() if name == "mars-boost-label" else None,
     )
 
 
