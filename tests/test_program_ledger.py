@@ -33,6 +33,24 @@ def test_a_follow_up_takes_over_its_programs_wait_and_service_and_a_promoted_tur
     assert other.waited_iterations == 0 and other.attained_iterations == 0
 
 
+def test_a_promotion_for_life_lasts_the_programs_life():
+    ledger = ProgramLedger()
+    first = turn(100)
+    ledger.turn_arrives("c", first, predicted_tokens=10)
+    assert not first.elder
+    first.promoted = first.elder = True  # starvation `for_life`: as a simulated request over its calls
+    ledger.turn_ends("c", first, last=False)
+    second = turn(150)
+    ledger.turn_arrives("c", second, predicted_tokens=10)
+    assert second.elder and not second.promoted and second.waited_iterations == 0
+    ledger.turn_ends("c", second, last=True)
+    again = turn(100)  # the program ended: a new one under the same name starts afresh
+    ledger.turn_arrives("c", again, predicted_tokens=10)
+    other = turn(100)
+    ledger.turn_arrives("d", other, predicted_tokens=10)
+    assert not again.elder and not other.elder
+
+
 def test_the_outlook_reads_the_programs_replies_growth_and_the_ended_programs_lengths():
     ledger = ProgramLedger()
     for conversation, turns in (("a", 2), ("b", 4)):  # two programs end, after 2 and 4 turns

@@ -5,7 +5,8 @@ Over HTTP each turn is a request of its own. Without this, a long agent program 
 with a fresh starvation counter, so it can wait up to the threshold at every turn, and the key
 ranks a turn alone. Here a follow-up turn starts with what its program has waited and been
 served so far (`RequestProgress.waited_iterations`, `waited_s`, `attained_iterations`: Autellix's
-PLAS ranks by the last, as the simulator ranks a request's later calls), ranks by its program's
+PLAS ranks by the last, as the simulator ranks a request's later calls), stays promoted where a
+promotion lasts a request's life in the simulator (`elder`, starvation `for_life`), ranks by its program's
 first arrival where the order reads the arrival a request keeps across its calls in the simulator
 (`Policy.ranks_by_program_arrival`: mars-boost's `a`, mars-nudge's place, which a Nudge swap may
 have moved, and whether a swap moved it back already), and carries a `ProgramOutlook`: the turns
@@ -40,6 +41,9 @@ class ProgramRecord:
     # place a Nudge swap gave one of its turns (`policy/nudge.py`); and whether a swap moved it back.
     order_s: float = 0.0
     nudged: bool = False
+    # Promoted for the rest of its life (starvation `for_life`): a simulated request stays promoted
+    # over its later calls, and a program's calls are its turns here.
+    elder: bool = False
 
 
 class ProgramLedger:
@@ -71,6 +75,7 @@ class ProgramLedger:
         if self.program_arrival:
             progress.order_s = record.order_s
             progress.nudged = record.nudged
+        progress.elder = record.elder
         progress.program = self._outlook(record, predicted_tokens)
         progress.rest_counts = self._counts(record)
 
@@ -109,6 +114,7 @@ class ProgramLedger:
         record.waited_iterations = 0 if progress.promoted else progress.waited_iterations
         record.waited_s = 0.0 if progress.promoted else progress.waited_s
         record.attained_iterations = progress.attained_iterations
+        record.elder = progress.elder
         if self.program_arrival:  # a Nudge swap may have moved the turn's place while it waited
             record.order_s, record.nudged = progress.order_s, progress.nudged
         record.output_tokens += progress.generated
