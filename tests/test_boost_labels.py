@@ -105,3 +105,15 @@ def test_a_call_ends_a_segment_the_labels_learn_from():
 def test_size_labels_go_with_the_boost_order_only():
     with pytest.raises(ValueError, match="size labels go with the BOOST order"):
         replace(make_policy("mars", COST), size_labels=SizeLabels())
+
+
+def test_edges_a_prediction_of_nothing_a_reply_of_nothing_and_a_huge_size():
+    zero = SizeLabels()
+    _observe(zero, MIN_SAMPLES, 100, 0, 1)  # a prediction of 0 tokens is priced as 1: here R = 1
+    assert zero.excess(3.0, 0, GAMMA) == pytest.approx(math.expm1(GAMMA * 3.0))
+    none = SizeLabels()
+    _observe(none, MIN_SAMPLES, 100, 40, 0)  # nothing generated: R = 0, the smallest size's excess
+    assert none.excess(3.0, 40, GAMMA) == pytest.approx(math.expm1(excess_exponent(0.0, GAMMA)))
+    long = SizeLabels()
+    _observe(long, MIN_SAMPLES, 100, 40, 160)  # R > 1
+    assert math.isfinite(long.excess(1e9, 40, GAMMA))  # no overflow on a huge size
