@@ -1,10 +1,11 @@
-"""mars-boost and autellix through a live `marsched serve`: a conversation's turns as one program.
+"""mars-boost, mars-boost-label and autellix through a live `marsched serve`: a conversation's turns as one program.
 
 Each server is started with the policy (tiny model, CPU) and sent conversations of plain
 completions naming their `conversation`; the scheduler's event trace shows what each turn
 ranked by. `--policy mars-boost` ranks a later turn by its program's first arrival (a large γ
 makes the order first come first served by that arrival, so the key is that arrival, less a
-few milliseconds); `--policy autellix` by the service its program attained over its earlier
+few milliseconds), and so does `--policy mars-boost-label`, whose boost learns from the turns that
+ended; `--policy autellix` by the service its program attained over its earlier
 turns, counted in the steps each turn ran in.
 """
 
@@ -26,7 +27,8 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 
 REPLY_TOKENS = 8
 GAMMA = 1000.0  # per device second: a boost of milliseconds at these sizes
-POLICIES = {"mars-boost": ("--boost-gamma", str(GAMMA)), "autellix": ()}
+POLICIES = {"mars-boost": ("--boost-gamma", str(GAMMA)), "mars-boost-label": ("--boost-gamma", str(GAMMA)),
+            "autellix": ()}
 
 
 @pytest.fixture(scope="module")
@@ -56,8 +58,9 @@ def events(server: Server, kind: str) -> dict[str, dict]:
     return {e["rid"]: e for e in read_trace(server.trace) if e["event"] == kind}
 
 
-def test_mars_boost_ranks_a_later_turn_by_its_programs_first_arrival(servers):
-    server = servers["mars-boost"]
+@pytest.mark.parametrize("policy", ["mars-boost", "mars-boost-label"])
+def test_mars_boost_ranks_a_later_turn_by_its_programs_first_arrival(servers, policy):
+    server = servers[policy]
     old = turn(server, "old", "old-1", "the quick brown fox jumps over the lazy dog")
     time.sleep(0.5)
     turn(server, "new", "new-1", "a different conversation starts here")

@@ -21,6 +21,15 @@ VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/mo
 # the queueing load only, the three configurations it touches or is measured against, two repeats:
 .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
     --out results/twin/run3 --configs mars,infercept,continuum --repeats 2 --loads queueing:1
+# The fourth run (docs/results.md, "The fourth run"): after a promotion lasts a program's life over HTTP,
+# the queueing load, MARS and INFERCEPT two interleaved repeats, the other configurations one; then the light load:
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run4 --configs mars,infercept --repeats 2 --loads queueing:1
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run4-others --configs vllm-stock,vllm-stock-host,vllm,continuum,autellix --repeats 1 \
+    --loads queueing:1
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run4-light --repeats 1 --loads light:0.4
 # The full comparison: three interleaved repeats (about three hours on two cores).
 # .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
 #     --out results/twin/run3-full
