@@ -147,8 +147,8 @@ def variants() -> list[Variant]:
         default_mark = " (its default)" if gamma == DEFAULT_BOOST_GAMMA else ""
         out.append(Variant(f"mars-boost γ {gamma:g}{default_mark}", ("--policies", "mars-boost", "--boost-gamma", f"{gamma:g}"),
                            f"boost{gamma:g}", policy="mars-boost"))
-    out.append(Variant(f"mars-boost-label γ {DEFAULT_BOOST_GAMMA:g}", ("--policies", "mars-boost-label"), "boost-label",
-                       policy="mars-boost-label"))
+    out.append(Variant(f"mars-boost-label γ {DEFAULT_BOOST_GAMMA:g}", ("--policies", "mars-boost-label"),
+                       "boost-label", policy="mars-boost-label"))
     for window in NUDGE_MS:
         default_mark = " (its default)" if window == DEFAULT_NUDGE_M else ""
         out.append(Variant(f"mars-nudge M {window}{default_mark}", ("--policies", "mars-nudge", "--nudge-m", str(window)),
@@ -239,8 +239,8 @@ def table(by_set: dict[str, dict[str, Score]]) -> str:
     return "\n".join(lines)
 
 
-COLORS = (("fcfs-wait", "tab:blue"), ("age", "tab:orange"), ("mars-boost-label", "tab:olive"), ("mars-boost", "tab:green"), ("mars-nudge", "tab:purple"),
-          ("bound", "black"))
+COLORS = (("fcfs-wait", "tab:blue"), ("age", "tab:orange"), ("mars-boost-label", "tab:olive"),
+          ("mars-boost", "tab:green"), ("mars-nudge", "tab:purple"), ("bound", "black"))
 
 
 def plot(by_set: dict[str, dict[str, Score]], path: Path) -> None:

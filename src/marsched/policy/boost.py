@@ -22,8 +22,6 @@ import math
 
 DEFAULT_BOOST_GAMMA = 0.01  # per second of device time, chosen by a sweep (docs/results.md, "Bounded overtaking")
 SMALLEST_SIZE_S = 1e-9  # a size of 0 would get an infinite boost
-
-
 LARGEST_EXPONENT = 700.0  # γ·s past this: e^{γs} − 1 overflows a float, and the boost is below 1e-300 s
 
 

@@ -65,8 +65,8 @@ NO_PREFIX_CACHE: frozenset[str] = frozenset({"vllm-v0", "infercept-code"})
 # Policies only the simulator runs, with what to run on vLLM instead (None: nothing alike there).
 # INFERCEPT's code moves parts of a request's KV, which vLLM's KV manager does not; vLLM 0.2 is
 # not the vLLM the plugin runs in; vLLM's CPU offloading and Continuum's TTL pins are modelled
-# here only. (autellix, mars-boost, mars-boost-label and mars-nudge run on vLLM too: a program's attained service,
-# first arrival and Nudge place are kept across its turns there, `vllm/programs.py`.)
+# here only. (autellix, mars-boost, mars-boost-label and mars-nudge run on vLLM too: a program's
+# attained service, first arrival and Nudge place are kept across its turns there, `vllm/programs.py`.)
 _ON_VLLM_INSTEAD: dict[str, str | None] = {
     "infercept-code": "infercept", "vllm-v0": "vllm", "vllm-offload": "vllm",
     "continuum": None, "continuum-public": None,
