@@ -62,3 +62,29 @@ def test_slowdowns_by_size():
     assert 2.0 < out["slowdown_p99"] <= 50.0
     single = slowdowns(np.array([3.0]), np.array([1.0]))
     assert single["slowdown_mean_by_size"]["p0-50"] == 3.0 and single["slowdown_mean_by_size"]["p99-100"] == 3.0
+
+
+def test_slowdown_buckets_hold_the_requests_of_their_sizes():
+    from marsched.metrics.records import _percentile
+
+    isolated = np.arange(1.0, 101.0)  # sizes 1..100, in order
+    slowdown = 1.0 + np.arange(100) / 10  # a slowdown of its own per request
+    out = slowdowns(isolated * slowdown, isolated)
+    by_size = out["slowdown_mean_by_size"]
+    for (low, high), key in zip(SIZE_BUCKETS, by_size):
+        assert by_size[key] == pytest.approx(slowdown[low:high].mean()), key
+    assert out["slowdown_p99"] == pytest.approx(_percentile(slowdown, 99)) and out["slowdown_p99"] < out["slowdown_max"]
+    # Three requests: every bucket still holds one (the smallest request for the smaller half).
+    small = slowdowns(np.array([2.0, 6.0, 12.0]), np.array([1.0, 2.0, 3.0]))["slowdown_mean_by_size"]
+    assert small == {"p0-50": 2.0, "p50-90": 3.0, "p90-99": 4.0, "p99-100": 4.0}
+    ten = slowdowns(np.arange(1.0, 11.0) * 2, np.arange(1.0, 11.0))["slowdown_mean_by_size"]
+    assert ten["p90-99"] == 2.0  # 9.9% of ten requests rounds to none: the bucket takes the next one
+
+
+def test_requests_of_equal_size_keep_their_order_in_the_buckets():
+    rng = np.random.default_rng(0)
+    isolated = rng.integers(1, 4, 200).astype(float)  # many ties
+    slowdown = rng.uniform(1.0, 9.0, 200)
+    by_size = slowdowns(isolated * slowdown, isolated)["slowdown_mean_by_size"]
+    order = np.argsort(isolated, kind="stable")  # ties in arrival order: the same run, the same buckets
+    assert by_size["p0-50"] == pytest.approx(slowdown[order[:100]].mean())
