@@ -60,15 +60,18 @@ marsched compare --trace single --profile llama3-8b-h100 $B --qps 16,32,48,64 --
 marsched compare --trace single --profile llama3-70b-4xh100 $B --qps 8,16,24,32 --json results/today/bound/single-llama3-70b-4xh100.json
 marsched compare --trace agent --profile llama3-8b-h100 $B --qps 0.4,1.6,3.2,6.4 --json results/today/bound/agent-llama3-8b-h100.json
 marsched compare --trace agent --profile llama3-70b-4xh100 $B --qps 0.2,0.8,1.6,2.4 --json results/today/bound/agent-llama3-70b-4xh100.json
-# MARS's starvation settings and orders (docs/results.md, "The trade-off"): every row on seven sets,
-# every order's row on the four heaviest (`today_frontier run` alone runs every row on every set),
-# then the table and results/today/frontier/frontier.png.
+# MARS's starvation settings and orders (docs/results.md, "The trade-off"): every row on every set, in
+# the batches it ran in (`today_frontier run` alone runs them all), then the table and
+# results/today/frontier/frontier.png.
 F="python -m marsched.experiments.today_frontier run"
 $F claude-code-llama3-8b-h100 claude-code-llama3-70b-4xh100 multi-gptj-6b-a100 single-gptj-6b-a100 \
   agent-gptj-6b-a100 agent-llama3-8b-h100 agent-llama3-70b-4xh100
 $F multi-llama3-8b-h100 fcfs0.8 fcfs1
 $F multi-llama3-8b-h100 multi-llama3-70b-4xh100 single-llama3-8b-h100 single-llama3-70b-4xh100 \
   boost0.003 boost0.01 boost0.03 boost-label nudge1 nudge3
+$F multi-llama3-8b-h100 multi-llama3-70b-4xh100 single-llama3-8b-h100 single-llama3-70b-4xh100 \
+  fcfs1.5 fcfs4 age15 age60 off
+$F multi-llama3-70b-4xh100 single-llama3-8b-h100 single-llama3-70b-4xh100 fcfs0.8 fcfs1
 python -m marsched.experiments.today_frontier
 # What gives MARS its gain (docs/ablation.md, last section): the runs at each set's most loaded
 # point, then the table.
