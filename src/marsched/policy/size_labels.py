@@ -62,11 +62,11 @@ class SizeLabels:
         predicted at `predicted_tokens`."""
         label = label_of(predicted_tokens)
         ratios = self._ratios.get(label, ())
+        exponent = excess_exponent(size_s, gamma)
         if len(ratios) < MIN_SAMPLES:
-            return float(np.expm1(excess_exponent(size_s, gamma)))
+            return float(np.expm1(exponent))
         array = self._arrays.get(label)
         if array is None:
             array = self._arrays[label] = np.fromiter(ratios, float, len(ratios))
-        exponent = excess_exponent(size_s, gamma)
         # A ratio of 0 (nothing generated) still leaves a size: the key's other terms.
         return float(np.expm1(np.clip(exponent * array, excess_exponent(0.0, gamma), LARGEST_EXPONENT)).mean())
