@@ -13,7 +13,8 @@ from marsched.experiments.http_bench import binding, configs, order, summary
 from marsched.experiments.http_bench.__main__ import parse, plan_of
 from marsched.experiments.http_bench.engine_queue import gauges, queue_stats
 from marsched.experiments.http_bench.records import RunRecord
-from marsched.experiments.http_bench.run import INTERRUPTED_EXIT, MISMATCH_EXIT, loadgen_command, run_plan
+from marsched.experiments.http_bench.run import (INTERRUPTED_EXIT, MISMATCH_EXIT, RESUME_MISMATCH_EXIT, loadgen_command,
+                                                 run_plan, write_summary)
 from marsched.loadgen.session import Session, TextPrompt, Turn
 from marsched.vllm.config import MarsConfig
 
@@ -231,6 +232,45 @@ def test_a_stopped_comparison_keeps_the_runs_that_finished(tmp_path, capsys, sto
     assert [r["config"] for r in result["runs"]] == ["vllm-stock", "mars"]
     assert result["settings"]["order"] == ["vllm-stock-r1", "mars-r1", "mars-r2", "vllm-stock-r2"]
     assert "| mars | 1 |" in capsys.readouterr().out
+
+
+def _plan(out: Path, *more: str):
+    return plan_of(parse(["--model", "/m", "--out", str(out), "--configs", "vllm-stock,mars", "--repeats", "2",
+                          "--fixed-s", "1", *more]))
+
+
+def test_a_resumed_comparison_keeps_the_measured_runs_and_runs_the_rest(tmp_path):
+    out = tmp_path / "out"
+    first = _plan(out)
+    kept = _run(tmp_path, "mars", 1, 7.0)
+    kept.binding = "cores"
+    failed = RunRecord("vllm-stock", 1, loadgen=None, error="the server did not start")
+    for record in (kept, failed):
+        folder = out / "runs" / f"{record.config}-r{record.repeat}"
+        folder.mkdir(parents=True)
+        (folder / "run.json").write_text(json.dumps(record.to_dict()))
+    (out / "runs" / "mars-r2").mkdir()
+    (out / "runs" / "mars-r2" / "run.json").write_text("{")  # cut off while written: run again
+    write_summary(first, [kept, failed])
+    run, done = _fake_runs(tmp_path, 0, KeyboardInterrupt())
+    assert run_plan(_plan(out, "--resume"), run) == 0
+    assert done == ["vllm-stock-r1", "mars-r2", "vllm-stock-r2"]  # the failed run again, the measured one kept
+    result = json.loads((out / "summary.json").read_text())
+    assert result["configs"]["mars"]["metrics"]["conv_e2e_mean_s"]["values"] == [7.0, 12.0]
+    Path(kept.loadgen).unlink()  # its report is gone: nothing to keep
+    run, done = _fake_runs(tmp_path, 0, KeyboardInterrupt())
+    assert run_plan(_plan(out, "--resume", "--repeats", "1"), run) == 0 and done == ["vllm-stock-r1", "mars-r1"]
+
+
+def test_resuming_runs_of_other_settings_stops_before_any_run(tmp_path, capsys):
+    out = tmp_path / "out"
+    write_summary(_plan(out), [])
+    run, done = _fake_runs(tmp_path, 0, KeyboardInterrupt())
+    assert run_plan(_plan(out, "--resume", "--rate", "0.5"), run) == RESUME_MISMATCH_EXIT and done == []
+    assert "other load settings" in capsys.readouterr().err
+    (out / "summary.json").write_text("[")
+    assert run_plan(_plan(out, "--resume"), run) == RESUME_MISMATCH_EXIT and done == []
+    assert run_plan(_plan(out), run) == 0 and len(done) == 4  # without --resume every run runs
 
 
 # --- live -----------------------------------------------------------------------------------------

@@ -108,3 +108,15 @@ def test_a_gittins_ledger_gives_each_turn_its_programs_turns_left_to_rank_over()
         policy.start_segment(progress, EngineLoad(0.0, 0, 0.02, 1_000))
         keys[rest] = policy.queue_key(progress, EngineLoad(0.0, 0, 0.02, 1_000))
     assert keys[RestRule.GITTINS] != keys[RestRule.MEAN]
+
+
+def test_a_programs_arrival_is_its_first_turns_until_it_ends():
+    ledger = ProgramLedger()
+    first = RequestProgress(build_request("r", 100, [(10, None)]), order_s=2.5)
+    ledger.turn_arrives("c", first, predicted_tokens=10)
+    ledger.turn_ends("c", first, last=False)
+    later = RequestProgress(build_request("r", 150, [(10, None)]), order_s=9.0)
+    ledger.turn_arrives("c", later, predicted_tokens=10)
+    assert ledger.arrival("c") == 2.5 and ledger.arrival("unknown") is None
+    ledger.turn_ends("c", later, last=True)
+    assert ledger.arrival("c") is None

@@ -18,6 +18,7 @@ from marsched.policy.retention import (GapEstimator, GapSource, RetentionRule, T
                                        shrunk_gap_s)
 from marsched.serve.tool_gaps import ReplyWatch, ToolGapsMiddleware
 from marsched.vllm.metadata import MAX_TOOL_CHARS, MetadataError, parse, tool_name
+from marsched.vllm.programs import ProgramLedger
 from marsched.vllm.retention import HOST_KEY_PREFIX, ConversationKeeper
 from marsched.vllm.tool_hints import (CALLED_PREFIX, MAX_HINT_TOOLS, TOOL_PREFIX, called_id, read_called, ConversationTools, hint_id, read_hint,
                                       send_tool_hint)
@@ -277,7 +278,7 @@ def steps():
     made._retention = RetentionRule()
     made._swapper = Swapper()
     made._keeper = ConversationKeeper(Pool(), 16, made._swapper)
-    made._gaps, made._tools = GapEstimator(), ConversationTools()
+    made._gaps, made._tools, made._programs = GapEstimator(), ConversationTools(), ProgramLedger()
     made._done, made._changed, made._input_queue, made.passed = {}, set(), None, []
     for _ in range(30):  # a calculator answers at once, a human in ten minutes
         made._gaps.observe(0.001, ("calc",))

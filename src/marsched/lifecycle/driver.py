@@ -20,6 +20,7 @@ from typing import Any, Protocol
 
 from marsched.metrics.trace import SCHEMA_VERSION, EventTrace, event_fields
 from marsched.policy.load import EngineLoad
+from marsched.policy.pins import release_order
 from marsched.policy.policy import Policy
 from marsched.policy.progress import RequestProgress, StrategyAssignment
 from marsched.policy.strategy import Strategy
@@ -305,12 +306,12 @@ class CallLifecycle:
                 self.on_fault(handle, error, "reconsidering a paused request")
 
     def release_pinned(self) -> bool:
-        """Memory ran short: give up the newest program's preserved call (Continuum's pins under
-        pressure). False when no call is preserved."""
+        """Memory ran short: give up the newest program's preserved call (`policy/pins.py`). False
+        when no call is preserved."""
         pinned = [h for h in self.paused_preserved.values() if self.engine.holds_preserved(h)]
         if not pinned:
             return False
-        handle = max(pinned, key=lambda h: (h.progress.order_s, h.rid))
+        handle = release_order(pinned, lambda h: (h.progress.order_s, h.rid))[0]
         before = len(handle.progress.assignments)
         del self.paused_preserved[handle.rid]
         strategy = self.policy.release_pin(handle.progress, self.engine.load())

@@ -161,7 +161,7 @@ class ConversationSteps:
         strategy, hold_s = self._retention_choice(context, gap_s, self._load(),
                                                   self._host_free_tokens() >= context)
         kept = self._keeper.keep(conversation, turn.request_id, turn.tokens, context, blocks, strategy,
-                                 turn.end_t, hold_s)
+                                 turn.end_t, hold_s, self._programs.arrival(conversation))
         decision = RetentionDecision(strategy if kept is not None else Strategy.DISCARD, gap_s, GapSource.HINT, tools)
         info = self._done.get(rid)
         if info is not None:
@@ -191,7 +191,8 @@ class ConversationSteps:
                                                       self._can_swap(request, load))
         tracked.retention = RetentionDecision(strategy, gap_s, source, tools if source is GapSource.PREVIOUS else ())
         kept = self._keeper.keep(tracked.conversation, request.request_id, request.all_token_ids,
-                                 request.num_computed_tokens, blocks, strategy, now, hold_s)
+                                 request.num_computed_tokens, blocks, strategy, now, hold_s,
+                                 self._programs.arrival(tracked.conversation))
         if kept is not None:
             # The client's tool_s wins, a forced strategy stays, and the other rules do not read the gap.
             open_ = not forced and tracked.tool_s is None and self._retention.mode is RetentionMode.POLICY

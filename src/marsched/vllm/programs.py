@@ -88,6 +88,11 @@ class ProgramLedger:
             while len(self._programs) > self._limit:
                 self._programs.popitem(last=False)
 
+    def arrival(self, conversation: str) -> float | None:
+        """The program's place in the arrival order (`ProgramRecord.order_s`); None if not followed."""
+        record = self._programs.get(conversation)
+        return None if record is None else record.order_s
+
     def turn_predicted(self, conversation: str, progress: RequestProgress, predicted_tokens: int) -> None:
         """A waiting turn's reply was predicted anew (told after it arrived): its outlook takes the number."""
         record = self._programs.get(conversation)

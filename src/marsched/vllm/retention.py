@@ -25,7 +25,8 @@ or a Swap from a Discard: the blocks went back to vLLM's prefix cache, where not
 A retention ends when the follow-up is scheduled (a hit), when the conversation is
 released (`send_release`: vLLM's abort message to the engine core, carrying the id
 `marsched-release:<conversation>`, which `MarsScheduler.finish_requests` takes), when vLLM runs out of room for the
-head of the waiting queue (oldest Preserve first; then the pins of follow-ups waiting behind the head),
+head of the waiting queue (the newest program's Preserve first, `policy/pins.py`, as the simulator
+gives pins up; then the pins of follow-ups waiting behind the head),
 or at its time limit. A follow-up of a
 conversation whose KV was not kept (discarded, expired, released) is a miss.
 
@@ -41,6 +42,7 @@ from dataclasses import dataclass, field
 from typing import Any
 
 from marsched.policy import Strategy
+from marsched.policy.pins import release_order
 
 RELEASE_PREFIX = "marsched-release:"
 HOST_KEY_PREFIX = "marsched-conv:"
@@ -55,6 +57,7 @@ class Kept:
     tokens: list[int]  # the context whose KV is kept (whole blocks)
     kept_t: float
     expires_t: float
+    program_arrival_t: float  # when its program's first turn arrived: pins give way newest program first
     pinned: list[Any] = field(default_factory=list)  # device blocks holding our extra reference
     host_key: str | None = None  # Swap: the connector's key of the host copy
     copy_step: Any = None  # Swap: the scheduler output whose metadata carries the copy
@@ -114,8 +117,10 @@ class ConversationKeeper:
     # --- a turn ends ------------------------------------------------------------------
 
     def keep(self, conversation: str, rid: str, token_ids: list[int], computed_tokens: int,
-             blocks: list[Any], strategy: Strategy, now: float, hold_s: float) -> Kept | None:
-        """Keep a finishing turn's KV (`blocks`: its device blocks, in order, still allocated)."""
+             blocks: list[Any], strategy: Strategy, now: float, hold_s: float,
+             program_arrival_t: float | None = None) -> Kept | None:
+        """Keep a finishing turn's KV (`blocks`: its device blocks, in order, still allocated);
+        `program_arrival_t`: its program's first arrival (None: unknown, taken as now)."""
         self.release(conversation, counted=False)
         self._remember(conversation, now)
         if strategy is Strategy.DISCARD or hold_s <= 0:
@@ -128,7 +133,8 @@ class ConversationKeeper:
             return None
         if strategy is Strategy.SWAP and self.swapper is None:
             strategy = Strategy.PRESERVE
-        kept = Kept(conversation, rid, strategy, list(token_ids[:full * self.block_size]), now, now + hold_s)
+        kept = Kept(conversation, rid, strategy, list(token_ids[:full * self.block_size]), now, now + hold_s,
+                    now if program_arrival_t is None else program_arrival_t)
         kept.pinned = list(blocks[:full])
         self.pool.touch(kept.pinned)
         if strategy is Strategy.SWAP:
@@ -273,19 +279,19 @@ class ConversationKeeper:
 
     def relieve(self, free_blocks: int, needed_blocks: int, head_rid: str | None = None) -> int:
         """Make `needed_blocks` free for the head of the waiting queue (`head_rid`): release Preserve
-        retentions, oldest first, then unpin the blocks of follow-ups still waiting behind the head,
-        oldest first; returns how many of both.
+        retentions, the newest program's first (`policy/pins.py`), then unpin the blocks of
+        follow-ups still waiting behind the head, the longest kept first; returns how many of both.
 
         A follow-up that arrived keeps its turn's blocks pinned until it is scheduled. If it waits
         behind a head that does not fit, nothing else may ever free them (an engine with nothing
         running waits for ever), so its blocks go back to vLLM's prefix cache: it still finds
         them there unless the head's allocation evicts them, and then recomputes them."""
         released = 0
-        for conversation, kept in sorted(self.kept.items(), key=lambda item: item[1].kept_t):
+        pins = [k for k in self.kept.values() if k.strategy is Strategy.PRESERVE and k.claimed_by is None]
+        for kept in release_order(pins, lambda k: (k.program_arrival_t, k.conversation)):
             if free_blocks >= needed_blocks:
                 return released
-            if kept.strategy is not Strategy.PRESERVE or kept.claimed_by is not None:
-                continue
+            conversation = kept.conversation
             freed = sum(1 for b in kept.pinned if b.ref_cnt == 1)
             self.release(conversation)
             free_blocks += freed

@@ -62,6 +62,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
     p.add_argument("--marsched-arg", action="append", default=[],
                    help="one more `marsched serve` option for the marsched configurations (repeat)")
     p.add_argument("--start-timeout", type=float, default=900.0, help="seconds for a server to become healthy")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the runs an earlier comparison measured in --out with the same settings; run the rest")
     return p.parse_args(argv)
 
 
@@ -84,7 +86,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
         fixed_s = pin_seconds(load_sessions(load), load.gap_scale, load.max_gap_s) if "continuum" in configs else 0.0
     engine = Engine(args.model, args.kv_blocks, args.max_model_len, args.seed, tuple(args.vllm_arg),
                     tuple(args.marsched_arg))
-    return Plan(tuple(configs), args.repeats, engine, load, fixed_s, Path(args.out), args.start_timeout)
+    return Plan(tuple(configs), args.repeats, engine, load, fixed_s, Path(args.out), args.start_timeout, args.resume)
 
 
 def main(argv: list[str] | None = None) -> int:

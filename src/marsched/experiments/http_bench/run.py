@@ -37,6 +37,7 @@ from marsched.serve.launch import free_port
 
 INTERRUPTED_EXIT = 130
 MISMATCH_EXIT = 3
+RESUME_MISMATCH_EXIT = 4  # --resume in a folder whose runs had other settings
 LOADGEN_STOP_S = 60.0  # for loadgen to write its report after SIGINT
 BINDING_WAIT_S = 5.0  # the binding is logged before the server is healthy; a GPU server has none
 
@@ -50,6 +51,7 @@ class Plan:
     fixed_s: float  # continuum's T
     out: Path
     start_timeout_s: float = START_TIMEOUT_S
+    resume: bool = False  # keep the runs measured earlier in `out` with these settings; run the rest
 
     def settings(self) -> dict[str, Any]:
         return {"configs": list(self.configs), "repeats": self.repeats,
@@ -176,22 +178,66 @@ def write_summary(plan: Plan, runs: list[RunRecord]) -> str:
     return text
 
 
+def check_resumable(plan: Plan) -> None:
+    """ValueError unless the comparison already in `plan.out` (its summary) had this plan's engine,
+    workload and pin: only then are its runs this plan's to keep (`--resume`). Nothing there: fine."""
+    summary = plan.out / "summary.json"
+    if not summary.exists():
+        return
+    try:
+        earlier = json.loads(summary.read_text())["settings"]
+    except (OSError, ValueError, TypeError, KeyError):
+        raise ValueError(f"--resume: {summary} is unreadable, so the runs in {plan.out} cannot be checked "
+                         "against this comparison's settings; give another --out") from None
+    now = json.loads(json.dumps(plan.settings()))  # as written: tuples become lists
+    for key in ("engine", "load", "continuum_fixed_s"):
+        if earlier.get(key) != now[key]:
+            raise ValueError(f"--resume: the runs in {plan.out} were made with other {key} settings "
+                             f"({earlier.get(key)!r}, now {now[key]!r}); give another --out")
+
+
+def earlier_run(plan: Plan, slot: Slot) -> RunRecord | None:
+    """The slot's run measured by an earlier comparison in `plan.out` (`check_resumable`), to keep;
+    None when there is none to keep (never run, cut off, not measured, its report gone)."""
+    try:
+        run = RunRecord.from_dict(json.loads((plan.out / "runs" / slot.label / "run.json").read_text()))
+    except (OSError, ValueError, TypeError, KeyError):
+        return None
+    if not run.measured or not Path(run.loadgen).is_file():
+        return None
+    return run
+
+
 def _interrupt(signum: int, frame: Any) -> None:
     raise KeyboardInterrupt
 
 
 def run_plan(plan: Plan, run: Callable[[Slot, Plan, dict[str, str | None]], RunRecord] = run_slot) -> int:
     """Every slot of the plan's order; the exit status (0: every run measured, 1: some did not,
-    3: the core bindings differ, 130: interrupted)."""
+    3: the core bindings differ, 4: `--resume` found runs of other settings, 130: interrupted). With
+    `plan.resume`, a slot measured earlier in `plan.out` is kept, not run again."""
     order = run_order(plan.configs, plan.repeats)
     runs: list[RunRecord] = []
     bindings: dict[str, str | None] = {}
     status = 0
+    if plan.resume:
+        try:
+            check_resumable(plan)
+        except ValueError as error:
+            progress(f"STOPPED: {error}")
+            return RESUME_MISMATCH_EXIT
     previous = signal.signal(signal.SIGTERM, _interrupt)  # SIGTERM stops like Ctrl-C: the server is stopped
     # A shell starts background jobs with SIGINT ignored; Ctrl-C (or kill -INT) must still stop the run.
     previous_int = signal.signal(signal.SIGINT, signal.default_int_handler)
     try:
         for number, slot in enumerate(order, start=1):
+            kept = earlier_run(plan, slot) if plan.resume else None
+            if kept is not None:
+                progress(f"[{slot.label}] run {number} of {len(order)}: kept, measured earlier in {plan.out}")
+                bindings[slot.label] = kept.binding
+                check_same_binding(bindings)
+                runs.append(kept)
+                continue
             progress(f"[{slot.label}] run {number} of {len(order)}: {DESCRIPTIONS[slot.config]}")
             runs.append(run(slot, plan, bindings))
             write_summary(plan, runs)

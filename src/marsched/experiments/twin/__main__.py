@@ -67,6 +67,8 @@ def parse(argv: list[str] | None = None) -> argparse.Namespace:
                    help="one more `marsched serve` option for the marsched configurations (repeat)")
     p.add_argument("--request-timeout", type=float, default=600.0)
     p.add_argument("--sim-only", action="store_true", help="simulate only; no server is started")
+    p.add_argument("--resume", action="store_true",
+                   help="keep the live runs an earlier twin measured in --out with the same settings; run the rest")
     return p.parse_args(argv)
 
 
@@ -109,7 +111,7 @@ def plan_of(args: argparse.Namespace) -> TwinPlan:
     engine = Engine(args.model, args.kv_blocks, args.max_model_len, args.seed, batch, marsched_args)
     sim_engine = SimEngine(args.profile, args.kv_blocks, args.max_num_seqs, args.max_num_batched_tokens)
     return TwinPlan(tuple(configs), loads, grid, args.repeats, engine, sim_engine, load, pin_s, Path(args.out),
-                    args.sim_only)
+                    args.sim_only, resume=args.resume)
 
 
 def main(argv: list[str] | None = None) -> int:

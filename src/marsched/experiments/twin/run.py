@@ -47,6 +47,7 @@ class TwinPlan:
     out: Path
     sim_only: bool = False
     start_timeout_s: float = 900.0
+    resume: bool = False  # keep the live runs measured earlier in `out` (`http_bench.run.earlier_run`)
 
     def settings(self) -> dict[str, Any]:
         return {"configs": list(self.configs), "repeats": self.repeats, "grid": list(self.grid),
@@ -142,7 +143,8 @@ def run_twin(plan: TwinPlan) -> int:
             records += [TwinRecord(config, load, 0, sims[config], None) for config in plan.configs]
         else:
             folder = plan.out / load.name
-            live = Plan(plan.configs, plan.repeats, plan.engine, workload, plan.pin_s, folder, plan.start_timeout_s)
+            live = Plan(plan.configs, plan.repeats, plan.engine, workload, plan.pin_s, folder, plan.start_timeout_s,
+                        plan.resume)
             status = max(status, run_plan(live))
             records += live_records(plan, load, sims, folder, requests)
         write_results(plan, records)
