@@ -30,6 +30,16 @@ VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/mo
     --loads queueing:1
 .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
     --out results/twin/run4-light --repeats 1 --loads light:0.4
-# The full comparison: three interleaved repeats (about three hours on two cores).
+# The fifth run (docs/results.md, "Three repeats"): after the server gives pins up newest program first,
+# three repeats of every configuration at both loads. The fourth run's measured runs were copied in as
+# repeat 1 (and 2: mars, infercept at the queueing load), their paths in run.json pointed at the new
+# folder, with that run's summary.json, except the queueing continuum run, which the change touches
+# (it gave 66 pins up for room; at the light load none was);
+# --resume kept them and ran the rest, interleaved:
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run5-light --repeats 3 --loads light:0.4 --resume
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run5 --repeats 3 --loads queueing:1 --resume
+# The full comparison from nothing: three interleaved repeats (about three hours on two cores).
 # .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
 #     --out results/twin/run3-full
