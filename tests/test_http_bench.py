@@ -239,7 +239,7 @@ def _plan(out: Path, *more: str):
                           "--fixed-s", "1", *more]))
 
 
-def test_a_resumed_comparison_keeps_the_measured_runs_and_runs_the_rest(tmp_path):
+def test_a_resumed_comparison_keeps_the_measured_runs_and_runs_the_rest(tmp_path, capsys):
     out = tmp_path / "out"
     first = _plan(out)
     kept = _run(tmp_path, "mars", 1, 7.0)
@@ -257,9 +257,23 @@ def test_a_resumed_comparison_keeps_the_measured_runs_and_runs_the_rest(tmp_path
     assert done == ["vllm-stock-r1", "mars-r2", "vllm-stock-r2"]  # the failed run again, the measured one kept
     result = json.loads((out / "summary.json").read_text())
     assert result["configs"]["mars"]["metrics"]["conv_e2e_mean_s"]["values"] == [7.0, 12.0]
+    err = capsys.readouterr().err
+    assert "[mars-r1] run 2 of 4: kept, measured earlier in" in err and "[vllm-stock-r1] run 1 of 4: stock" in err
+    run, done = _fake_runs(tmp_path, 0, KeyboardInterrupt())
+    assert run_plan(_plan(out), run) == 0 and len(done) == 4  # without --resume nothing is kept
     Path(kept.loadgen).unlink()  # its report is gone: nothing to keep
+    (out / "runs" / "mars-r1" / "run.json").write_text(json.dumps(kept.to_dict()))
     run, done = _fake_runs(tmp_path, 0, KeyboardInterrupt())
     assert run_plan(_plan(out, "--resume", "--repeats", "1"), run) == 0 and done == ["vllm-stock-r1", "mars-r1"]
+
+
+def test_a_comparison_with_a_run_that_did_not_measure_exits_1(tmp_path):
+    def run(slot, plan, bindings):
+        if slot.config == "mars":
+            return RunRecord(slot.config, slot.repeat, loadgen=None, error="the server did not start")
+        return _run(tmp_path, slot.config, slot.repeat, 10.0)
+
+    assert run_plan(_plan(tmp_path / "out", "--repeats", "1"), run) == 1
 
 
 def test_resuming_runs_of_other_settings_stops_before_any_run(tmp_path, capsys):
@@ -267,9 +281,11 @@ def test_resuming_runs_of_other_settings_stops_before_any_run(tmp_path, capsys):
     write_summary(_plan(out), [])
     run, done = _fake_runs(tmp_path, 0, KeyboardInterrupt())
     assert run_plan(_plan(out, "--resume", "--rate", "0.5"), run) == RESUME_MISMATCH_EXIT and done == []
-    assert "other load settings" in capsys.readouterr().err
+    err = capsys.readouterr().err
+    assert "STOPPED: --resume: the runs in" in err and "other load settings" in err and "'rate': 0.1" in err
     (out / "summary.json").write_text("[")
     assert run_plan(_plan(out, "--resume"), run) == RESUME_MISMATCH_EXIT and done == []
+    assert "summary.json is unreadable, so the runs in" in capsys.readouterr().err
     assert run_plan(_plan(out), run) == 0 and len(done) == 4  # without --resume every run runs
 
 
