@@ -175,3 +175,23 @@ def test_a_short_live_twin_writes_simulated_and_live_numbers_per_task(twin_run):
     events = [json.loads(line) for line in (twin_run.folder / "trace.jsonl").read_text().splitlines()]
     predicted = [e["output_tokens"] for e in events if e.get("event") == "predict"]
     assert len(predicted) >= 4 and max(predicted) <= 100
+
+
+def test_resuming_live_runs_of_other_settings_stops_before_any_simulation(tmp_path, capsys, monkeypatch):
+    from marsched.experiments.http_bench.run import RESUME_MISMATCH_EXIT, write_summary
+    from marsched.experiments.twin import run as twin_run
+
+    out = tmp_path / "twin"
+    argv = ["--model", "m", "--profile", PROFILE, "--out", str(out), "--configs", "mars", "--loads", "queueing:0.5",
+            "--duration", "20", "--max-turns", "3", "--token-scale", "0.01", "--resume"]
+    earlier = twin_run.live_plan(twin_cli.plan_of(twin_cli.parse(argv + ["--kv-blocks", "300"])),
+                                 Load("queueing", 0.5), replace(LOAD, rate=0.5))
+    write_summary(earlier, [])
+
+    def no_simulation(*args, **kwargs):
+        raise AssertionError("simulated before the check")
+
+    monkeypatch.setattr(twin_run.Simulations, "summary", no_simulation)
+    assert twin_cli.main(argv) == RESUME_MISMATCH_EXIT
+    assert "STOPPED: --resume: the runs in" in capsys.readouterr().err
+    assert not (out / "records.json").exists()

@@ -18,7 +18,7 @@ from typing import Any
 from marsched.atomic import write_atomically
 from marsched.experiments.http_bench.configs import Engine
 from marsched.experiments.http_bench.records import RunRecord
-from marsched.experiments.http_bench.run import Plan, run_plan
+from marsched.experiments.http_bench.run import RESUME_MISMATCH_EXIT, Plan, check_resumable, run_plan
 from marsched.experiments.twin.loads import pick_loads, relative_slowdowns, sweep
 from marsched.experiments.twin.records import SCHEMA, Load, TwinRecord, live_numbers, markdown
 from marsched.experiments.twin.simulate import SimEngine, simulate
@@ -127,11 +127,24 @@ def write_results(plan: TwinPlan, records: list[TwinRecord]) -> str:
     return text
 
 
+def live_plan(plan: TwinPlan, load: Load, workload: LoadgenOptions) -> Plan:
+    """The live comparison of one load: every configuration's server on its workload, in `out/<load>`."""
+    return Plan(plan.configs, plan.repeats, plan.engine, workload, plan.pin_s, plan.out / load.name,
+                plan.start_timeout_s, plan.resume)
+
+
 def run_twin(plan: TwinPlan) -> int:
     """Simulate, then run live, load by load; the exit status of the live runs (0: all measured)."""
     status = 0
     records: list[TwinRecord] = []
     simulations = Simulations(plan)
+    if plan.resume and not plan.sim_only and plan.loads is not None:
+        try:  # before minutes of simulation: runs of other settings stop it as they would later
+            for load in plan.loads:
+                check_resumable(live_plan(plan, load, simulations.workload(load.rate)))
+        except ValueError as error:
+            progress(f"STOPPED: {error}")
+            return RESUME_MISMATCH_EXIT
     for load in choose_loads(plan, simulations):
         workload, requests = simulations.workload(load.rate), simulations.replay(load.rate)
         sims = {}
@@ -142,13 +155,11 @@ def run_twin(plan: TwinPlan) -> int:
         if plan.sim_only:
             records += [TwinRecord(config, load, 0, sims[config], None) for config in plan.configs]
         else:
-            folder = plan.out / load.name
-            live = Plan(plan.configs, plan.repeats, plan.engine, workload, plan.pin_s, folder, plan.start_timeout_s,
-                        plan.resume)
+            live = live_plan(plan, load, workload)
             status = max(status, run_plan(live))
-            records += live_records(plan, load, sims, folder, requests)
+            records += live_records(plan, load, sims, live.out, requests)
         write_results(plan, records)
-        if status not in (0, 1):  # interrupted, or the servers' cores differ: stop here
+        if status not in (0, 1):  # interrupted, the servers' cores differ, or --resume found other settings: stop here
             break
     print(write_results(plan, records), end="", flush=True)
     progress(f"records: {plan.out / 'records.json'}, table: {plan.out / 'table.md'}")
