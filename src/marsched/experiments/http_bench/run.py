@@ -53,10 +53,14 @@ class Plan:
     start_timeout_s: float = START_TIMEOUT_S
     resume: bool = False  # keep the runs measured earlier in `out` with these settings; run the rest
 
+    def identity(self) -> dict[str, Any]:
+        """The settings that make two comparisons' runs interchangeable (`--resume`)."""
+        return {"engine": asdict(self.engine), "load": self.load.settings(), "continuum_fixed_s": self.fixed_s}
+
     def settings(self) -> dict[str, Any]:
         return {"configs": list(self.configs), "repeats": self.repeats,
                 "order": [slot.label for slot in run_order(self.configs, self.repeats)],
-                "engine": asdict(self.engine), "load": self.load.settings(), "continuum_fixed_s": self.fixed_s,
+                **self.identity(),
                 "descriptions": {c: DESCRIPTIONS[c] for c in self.configs}, "commit": commit(),
                 "versions": versions(), "load_average": list(os.getloadavg()), "cpus": os.cpu_count()}
 
@@ -189,11 +193,11 @@ def check_resumable(plan: Plan) -> None:
     except (OSError, ValueError, TypeError, KeyError):
         raise ValueError(f"--resume: {summary} is unreadable, so the runs in {plan.out} cannot be checked "
                          "against this comparison's settings; give another --out") from None
-    now = json.loads(json.dumps(plan.settings()))  # as written: tuples become lists
-    for key in ("engine", "load", "continuum_fixed_s"):
-        if earlier.get(key) != now[key]:
+    now = json.loads(json.dumps(plan.identity()))  # as written: tuples become lists
+    for key, value in now.items():
+        if earlier.get(key) != value:
             raise ValueError(f"--resume: the runs in {plan.out} were made with other {key} settings "
-                             f"({earlier.get(key)!r}, now {now[key]!r}); give another --out")
+                             f"({earlier.get(key)!r}, now {value!r}); give another --out")
 
 
 def earlier_run(plan: Plan, slot: Slot) -> RunRecord | None:
