@@ -140,7 +140,8 @@ def measurements_of(samples: list[StepSample]) -> Measurements:
         decode=[s for s in samples if s.new_tokens == s.sequences], swap_out=[(1, 3e-5), (4, 1.1e-4), (16, 4.2e-4)],
         swap_in=[(1, 4e-5), (4, 1.5e-4), (16, 6e-4)],
         engine={"blocks": 2047, "block_tokens": 128, "tokens": 2047 * 128, "max_model_len": 4096,
-                "max_num_batched_tokens": 2048, "max_num_seqs": 256, "kv_bytes_per_token": 2048, "kv_cache_gb": 0.5},
+                "max_num_batched_tokens": 2048, "max_num_seqs": 256, "reserve_full_prompt": True, "kv_bytes_per_token": 2048,
+                "kv_cache_gb": 0.5},
         when="2026-11-30T00:00:00Z", seconds=100.0)
 
 
@@ -154,6 +155,7 @@ def test_calibrated_profile_loads_with_the_measured_capacity(tmp_path):
     assert profile.kv_bytes_per_token == 2048
     assert profile.cost.token_budget == 2048
     assert profile.max_sequences == 256 and "max_num_seqs" in data["max_num_seqs_source"]
+    assert profile.admits_whole_prompt and "scheduler_reserve_full_isl" in data["admits_whole_prompt_source"]
     assert profile.cost.seconds_per_iteration == pytest.approx(C, rel=0.3)
     assert profile.cost.seconds_per_token == pytest.approx(A, rel=0.1)
     assert data["iteration_us_per_context_token"] == pytest.approx(B * 1e6, rel=0.1)
@@ -203,6 +205,17 @@ def test_the_cap_on_running_requests_is_optional_and_validated():
     for value in (0, 2.5, True, "8"):
         data["max_num_seqs"] = value
         with pytest.raises(ValueError, match="p.json: field 'max_num_seqs' must be a whole number of requests >= 1"):
+            profile_from_dict(data, "p.json")
+
+
+def test_whole_prompt_admission_is_optional_and_validated():
+    assert not profile_from_dict(_base_profile(), "p.json").admits_whole_prompt  # written before the field
+    data = _base_profile()
+    data["admits_whole_prompt"] = True
+    assert profile_from_dict(data, "p.json").admits_whole_prompt
+    for value in (1, "true", None):
+        data["admits_whole_prompt"] = value
+        with pytest.raises(ValueError, match="p.json: field 'admits_whole_prompt' must be true or false"):
             profile_from_dict(data, "p.json")
 
 

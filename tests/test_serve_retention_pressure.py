@@ -5,7 +5,8 @@ Between a turn and its follow-up, other requests pass through the cache. A Prese
 turn survives them (its blocks are pinned) and its follow-up recomputes nothing it had; a
 discarded turn's blocks, back in vLLM's prefix cache like stock vLLM's, are evicted by the
 traffic and its follow-up recomputes them. When kept conversations hold so much that the
-head of the queue cannot start, they give way, oldest first.
+head of the queue cannot start, they give way inside vLLM's block allocation, the newest
+program's first, until it fits.
 """
 
 from __future__ import annotations
@@ -83,7 +84,7 @@ def test_kept_conversations_give_way_when_the_head_of_the_queue_does_not_fit(ser
         assert response.choices[0].finish_reason in ("stop", "length")
     state = wait_for(server, lambda s: s["retained_preserve"] == 4, "four preserves")
     assert state["device_free_blocks"] < 14
-    # A new long request (~14 blocks) needs more than what is free: the oldest kept turns are let go for it.
+    # A new long request (~14 blocks) needs more than what is free: the newest kept turns are let go for it.
     traffic(client, server, "head", requests=1, words=420)
     after = wait_for(server, lambda s: s["retained_preserve"] < 4, "the release for room")
     assert after["retention_released"] > before["retention_released"]

@@ -562,30 +562,56 @@ def test_unclaimed_preserves_give_way_before_waiting_follow_ups():
     assert keeper.stats.yielded == 0
 
 
-class _Waiting(list):
-    """vLLM's waiting queue as `_tend_kept` reads it: its length and its head."""
+class _BlockAllocation:
+    """vLLM's KV cache manager as `_allocate_giving_way` reaches it: `allocate_slots` fits a request
+    when the pool has its blocks free, and the pool counts the pinned blocks that went back to it."""
 
-    def head_request(self):
-        return self[0] if self else None
+    def __init__(self, blocks: list, needed: dict[str, int]) -> None:
+        self.kept_blocks, self.needed, self.tries = blocks, needed, []
+        self.block_pool = SimpleNamespace(get_num_free_blocks=self.free)
+
+    def free(self) -> int:
+        return sum(1 for block in self.kept_blocks if block.ref_cnt == 0)
+
+    def allocate_slots(self, request, num_new_tokens):
+        self.tries.append(request.request_id)
+        return ["blocks"] if self.needed[request.request_id] <= self.free() else None
 
 
-def test_a_step_whose_head_does_not_fit_unpins_the_follow_ups_waiting_behind_it(steps):
+def test_a_request_whose_blocks_do_not_fit_unpins_the_follow_ups_waiting_behind_it(steps):
     steps.finish("chat", "turn-1", tool_s=0.001)  # a short tool: Preserve
     kept = steps._keeper.kept["chat"]
     pinned = list(kept.pinned)
-    assert kept.strategy is Strategy.PRESERVE and pinned
+    assert kept.strategy is Strategy.PRESERVE and len(pinned) > 1
     for block in pinned:
         block.ref_cnt -= 1  # vLLM freed the finished turn: the keeper's pin is the only reference
     steps._keeper.claim("chat", "follow-up", list(range(2100)), 1.0)  # arrived; waits unscheduled
     assert not steps._keeper.kept  # nothing unclaimed is left to release
-    head = SimpleNamespace(request_id="head", num_tokens=320, num_computed_tokens=0)
-    steps.waiting = _Waiting([head, SimpleNamespace(request_id="follow-up")])
-    steps.cache_config = SimpleNamespace(block_size=16)
-    steps.kv_cache_manager = SimpleNamespace(block_pool=SimpleNamespace(get_num_free_blocks=lambda: 0))
+    steps.kv_cache_manager = manager = _BlockAllocation(pinned, {"head": len(pinned), "follow-up": 1,
+                                                                 "huge": len(pinned) + 1})
+    steps._let_kept_give_way()
+    follow_up, head, huge = (SimpleNamespace(request_id=rid) for rid in ("follow-up", "head", "huge"))
+    assert steps.kv_cache_manager.allocate_slots(follow_up, 16) is None  # its own pins stay its own
+    assert all(block.ref_cnt == 1 for block in pinned) and manager.tries == ["follow-up"]
     steps._swapper.snapshot_dirty = False
-    steps._tend_kept(2.0)
+    assert steps.kv_cache_manager.allocate_slots(head, 16) == ["blocks"]  # tried again once they went
     assert all(block.ref_cnt == 0 for block in pinned)  # back in vLLM's prefix cache, free for the head
     assert steps._keeper.stats.yielded == 1 and steps._swapper.snapshot_dirty
+    assert manager.tries == ["follow-up", "head", "head"]
+    assert steps.kv_cache_manager.allocate_slots(huge, 16) is None  # nothing left to give: vLLM's answer
+    assert manager.tries[-1] == "huge" and manager.tries.count("huge") == 1
+
+
+def test_kept_preserves_give_way_one_by_one_until_the_allocation_fits(steps):
+    for conversation, tool_s in (("a", 0.001), ("b", 0.001)):
+        steps.finish(conversation, f"{conversation}-1", tool_s=tool_s)
+    pins = {c: list(steps._keeper.kept[c].pinned) for c in ("a", "b")}
+    for block in pins["a"] + pins["b"]:
+        block.ref_cnt -= 1
+    steps.kv_cache_manager = manager = _BlockAllocation(pins["a"] + pins["b"], {"new": 1})
+    steps._let_kept_give_way()
+    assert steps.kv_cache_manager.allocate_slots(SimpleNamespace(request_id="new"), 16) == ["blocks"]
+    assert len(steps._keeper.kept) == 1 and manager.tries == ["new", "new"]  # one pin was enough
 
 
 # --- replies of the other endpoints, and requests that name no conversation ----------------------

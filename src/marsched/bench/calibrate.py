@@ -267,6 +267,7 @@ def measure(model_dir: str, plan: CalibrationPlan, echo: Echo = print) -> Measur
             "max_model_len": int(config.model_config.max_model_len),
             "max_num_batched_tokens": int(config.scheduler_config.max_num_batched_tokens),
             "max_num_seqs": int(config.scheduler_config.max_num_seqs),
+            "reserve_full_prompt": bool(config.scheduler_config.scheduler_reserve_full_isl),
             "kv_bytes_per_token": info.kv_bytes_per_token,
             "kv_cache_gb": plan.kv_cache_gb, "start_s": round(time.monotonic() - begin, 1),
         }
@@ -387,6 +388,9 @@ def calibrated_profile(m: Measurements, cal: Calibration, name: str, host_swap_t
         "token_budget_source": f"{where}: the engine's max_num_batched_tokens",
         "max_num_seqs": engine["max_num_seqs"],
         "max_num_seqs_source": f"{where}: the engine's max_num_seqs",
+        "admits_whole_prompt": engine.get("reserve_full_prompt", False),
+        "admits_whole_prompt_source": f"{where}: the engine's scheduler_reserve_full_isl (a waiting request "
+                                      "is admitted when its whole prompt fits)",
         "iteration_ms_fixed": round(it.c * 1e3, 6),
         "iteration_ms_per_token": round(it.a * 1e3, 7),
         "iteration_us_per_context_token": round(it.b * 1e6, 7),

@@ -349,7 +349,7 @@ class Simulator(PrefixReuse, IterationRun):
                 continue
             hit = self._prefix_hit(sim_request)
             tokens = min(progress.context_tokens - hit * self.block_tokens - progress.computed_tokens, budget)
-            needed = blocks_for(hit * self.block_tokens + tokens, self.block_tokens)
+            needed = self._admission_blocks(sim_request, hit * self.block_tokens + tokens)
             fits = needed <= self.device.free
             while not fits and self.policy.releases_pins and self.lifecycle.release_pinned():
                 fits = needed <= self.device.free
@@ -357,7 +357,7 @@ class Simulator(PrefixReuse, IterationRun):
                 # The yielded blocks may have been its own conversation's: look again.
                 hit = self._prefix_hit(sim_request)
                 tokens = min(progress.context_tokens - hit * self.block_tokens - progress.computed_tokens, budget)
-                fits = blocks_for(hit * self.block_tokens + tokens, self.block_tokens) <= self.device.free
+                fits = self._admission_blocks(sim_request, hit * self.block_tokens + tokens) <= self.device.free
             if not fits:
                 self.queue.push_back(progress)
                 break
@@ -384,13 +384,14 @@ class Simulator(PrefixReuse, IterationRun):
         """A follow-up holding its kept blocks joins the batch, computing only past them; False when
         its chunk does not fit even after pins and other held follow-ups gave way."""
         tokens = min(sim_request.progress.pending_tokens, budget)
-        fits = self._fits(sim_request, tokens)
+        needed = self._admission_blocks(sim_request, sim_request.progress.computed_tokens + tokens) \
+            - sim_request.device_blocks
+        fits = needed <= self.device.free
         while not fits and self.policy.releases_pins and self.lifecycle.release_pinned():
-            fits = self._fits(sim_request, tokens)
+            fits = needed <= self.device.free
         if not fits:
-            needed = blocks_for(sim_request.progress.computed_tokens + tokens, self.block_tokens)
-            self._yield_held(needed - sim_request.device_blocks, sim_request)
-            fits = self._fits(sim_request, tokens)
+            self._yield_held(needed, sim_request)
+            fits = needed <= self.device.free
         if not fits:
             return False
         del self.held[sim_request.rid]
@@ -440,6 +441,14 @@ class Simulator(PrefixReuse, IterationRun):
     def _leave_queue(self, sim_request: SimRequest, prefill_tokens: int) -> None:
         self.lifecycle.admitted(sim_request, prefill_tokens)
 
+    def _admission_blocks(self, sim_request: SimRequest, chunk_end_tokens: int) -> int:
+        """The blocks a waiting request must find to be admitted with its context computed up to
+        `chunk_end_tokens`: with the profile's `admits_whole_prompt`, those of its whole context (vLLM's
+        `scheduler_reserve_full_isl`; its later chunks then grow as a running request's do)."""
+        if self.profile.admits_whole_prompt:
+            chunk_end_tokens = max(chunk_end_tokens, sim_request.progress.context_tokens)
+        return blocks_for(chunk_end_tokens, self.block_tokens)
+
     def _fits(self, sim_request: SimRequest, tokens: int) -> bool:
         needed = blocks_for(sim_request.progress.computed_tokens + tokens, self.block_tokens) - sim_request.device_blocks
         return needed <= self.device.free
@@ -471,7 +480,7 @@ class Simulator(PrefixReuse, IterationRun):
         back and only the rest is copied in (as the Swap connector loads only past a local prefix
         hit, `kv_swap.HostSwapConnector.update_state_after_alloc`)."""
         blocks = sim_request.host_blocks
-        if blocks > self.device.free:  # the cached blocks are free blocks too
+        if max(blocks, self._admission_blocks(sim_request, 0)) > self.device.free:  # cached blocks are free too
             return False
         hit = min(self._prefix_hit(sim_request), blocks)
         if hit:

@@ -16,7 +16,7 @@ from marsched.sim.request import Phase, SimRequest
 
 class PrefixReuse:
     """Mixed into `Simulator`, which sets up `policy`, `device`, `host_tier`, `block_tokens`,
-    `link_in`, `lifecycle`, `reused_blocks` and `carried_blocks`."""
+    `link_in`, `lifecycle`, `reused_blocks` and `carried_blocks`, and has `_admission_blocks`."""
 
     def _free_keeping_prefix(self, sim_request: SimRequest) -> None:
         """Free the request's device blocks; with a prefix cache its full ones keep their content."""
@@ -109,7 +109,7 @@ class PrefixReuse:
         """Load the request's stored prefix past its device hit from the host, before it computes
         (vLLM's offloading loads a hit asynchronously and holds the request until it is in)."""
         blocks = self._host_hit(sim_request)
-        if blocks > self.device.free:
+        if max(blocks, self._admission_blocks(sim_request, 0)) > self.device.free:
             return False
         if device_hit:
             self.device.take_back(sim_request.kv_owner, device_hit)

@@ -25,6 +25,10 @@ class Profile:
     # Running requests at most (vLLM's max_num_seqs); None: only memory and the token budget bound
     # the batch. Profiles written before the field load with None.
     max_sequences: int | None = None
+    # Whether a waiting request is admitted only when its whole prompt fits, not just its first chunk
+    # (vLLM's `scheduler_reserve_full_isl`, on by default in 0.32). Profiles written before the field
+    # load with False: the chunk is enough.
+    admits_whole_prompt: bool = False
 
     @property
     def device_tokens(self) -> int:
@@ -144,7 +148,15 @@ def profile_from_dict(data: dict, origin: str) -> Profile:
         block_tokens=block_tokens,
         cost=cost,
         max_sequences=_max_sequences(data, origin),
+        admits_whole_prompt=_flag(data, "admits_whole_prompt", origin),
     )
+
+
+def _flag(data: dict, key: str, origin: str) -> bool:
+    value = data.get(key, False)
+    if not isinstance(value, bool):
+        raise ValueError(f"{origin}: field {key!r} must be true or false, got {value!r}")
+    return value
 
 
 def _max_sequences(data: dict, origin: str) -> int | None:

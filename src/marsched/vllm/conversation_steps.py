@@ -1,8 +1,8 @@
 """A conversation's KV between its turns, as the scheduler runs it (`retention.py` keeps the blocks).
 
 A finished turn of a conversation (a request naming one) keeps its KV by the retention rule's
-strategy until the follow-up arrives; kept conversations give way when the head of the waiting
-queue does not fit; vLLM's abort path carries releases (`marsched-release:<conversation>`),
+strategy until the follow-up arrives; kept conversations give way when vLLM cannot allocate a
+request's blocks (`_allocate_giving_way`); vLLM's abort path carries releases (`marsched-release:<conversation>`),
 the front end's stop-string ends (`marsched-stopped:<request id>`), which are finished turns,
 the tools a finished turn called (`marsched-tool:<conversation>\\x1f<names>`, `tool_hints.py`), and
 the API server's length predictions (`marsched-predicted:<rid>\\x1f<tokens>`, `told_predictions.py`).
@@ -236,9 +236,38 @@ class ConversationSteps:
         if self._input_queue is not None:
             self._keeper.arm(now, lambda: wake_engine(self._input_queue))
 
+    def _let_kept_give_way(self) -> None:
+        """Have vLLM's block allocation free kept turns' blocks before it gives up (`_allocate_giving_way`)."""
+        self._allocate_slots = self.kv_cache_manager.allocate_slots
+        self.kv_cache_manager.allocate_slots = self._allocate_giving_way
+
+    def _allocate_giving_way(self, request: Request, *args: Any, **kwargs: Any) -> Any:
+        """vLLM's `allocate_slots`; where the blocks are short, kept turns give theirs up one by one
+        (`ConversationKeeper.relieve`) and the allocation is tried again: before vLLM preempts a running
+        request, or leaves a waiting one in the queue. vLLM counts what the request needs (its prefix
+        hit, its whole prompt at admission), so no more is given up than makes it fit; the simulator
+        frees pins at the same points (`sim/engine.py`). A failed try changes nothing in vLLM."""
+        blocks = self._allocate_slots(request, *args, **kwargs)
+        while blocks is None and self._give_way(request.request_id):
+            blocks = self._allocate_slots(request, *args, **kwargs)
+        return blocks
+
+    def _give_way(self, rid: str) -> bool:
+        """Free at least one block for request `rid` from what is kept; whether anything was given up."""
+        if not (self._keeper.kept or self._keeper.claims):
+            return False
+        try:
+            free = self.kv_cache_manager.block_pool.get_num_free_blocks()
+            released = self._keeper.relieve(free, free + 1, rid)
+        except Exception:  # noqa: BLE001 - kept conversations are an optimisation; the allocation goes on
+            logger.exception("marsched: giving kept blocks up failed")
+            return False
+        if released and self._swapper is not None:
+            self._swapper.snapshot_dirty = True
+        return released > 0
+
     def _tend_kept(self, now: float) -> None:
-        """Each step: end expired retentions, and give way to the head of the queue if it does not fit;
-        an inferred conversation not continued in its window ends."""
+        """Each step: end expired retentions; an inferred conversation not continued in its window ends."""
         if self._follow_ups is not None:
             for conversation in self._follow_ups.expire(now):
                 self._programs.ended(conversation)
@@ -247,16 +276,3 @@ class ConversationSteps:
             # and /marsched/state would show the ended retentions as kept until the next request.
             self._swapper.snapshot_dirty = True
         self._arm_expiry(now)
-        if not (self._keeper.kept or self._keeper.claims) or not len(self.waiting):
-            return
-        head = self.waiting.head_request()
-        if head is None:
-            return
-        block_size = self.cache_config.block_size
-        needed = -(-(head.num_tokens - head.num_computed_tokens + 1) // block_size)
-        own = self._keeper.claims.get(head.request_id)  # a follow-up at the head finds its pinned blocks
-        if own is not None:
-            needed -= len(own.pinned)
-        if self._keeper.relieve(self.kv_cache_manager.block_pool.get_num_free_blocks(), needed, head.request_id) \
-                and self._swapper is not None:
-            self._swapper.snapshot_dirty = True

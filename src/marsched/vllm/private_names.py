@@ -121,6 +121,8 @@ NAMES: tuple[VllmName, ...] = (
     VllmName("vllm.v1.core.sched.output", "SchedulerOutput.kv_connector_metadata", "the SwapMeta of the step"),
     # --- the KV cache
     VllmName("vllm.v1.core.kv_cache_manager", "KVCacheManager.block_pool", "free and total blocks"),
+    VllmName("vllm.v1.core.kv_cache_manager", "KVCacheManager.allocate_slots",
+             "wrapped: kept turns give their blocks up where an allocation fails", ("request",)),
     VllmName("vllm.v1.core.kv_cache_manager", "KVCacheManager.get_block_ids", "blocks to swap out, blocks freed",
              ("request_id",)),
     VllmName("vllm.v1.core.kv_cache_manager", "KVCacheManager.get_blocks", "a finishing turn's blocks",
@@ -265,6 +267,8 @@ NAMES: tuple[VllmName, ...] = (
     VllmName("vllm.config", "CacheConfig.enable_prefix_caching", "warn: Preserve retention needs it"),
     VllmName("vllm.config", "SchedulerConfig.max_num_seqs", "bench: the running cap"),
     VllmName("vllm.config", "SchedulerConfig.max_num_batched_tokens", "bench: the token budget"),
+    VllmName("vllm.config", "SchedulerConfig.scheduler_reserve_full_isl",
+             "calibrate: whether a waiting request needs room for its whole prompt"),
     VllmName("vllm.config", "ModelConfig.max_model_len", "bench: the longest context"),
     VllmName("vllm.config", "ModelConfig.get_vocab_size", "token ids in range"),
     # --- the server (serve/*.py) and the measurements (bench/*.py)

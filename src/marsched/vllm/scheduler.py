@@ -107,6 +107,7 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
             self._swapper.snapshot_dirty = True
         self._retention = self.mars_config.retention_rule()
         self._keeper = ConversationKeeper(self.kv_cache_manager.block_pool, self.cache_config.block_size, self._swapper)
+        self._let_kept_give_way()
         self._gaps = GapEstimator()
         self._tools = ConversationTools()  # which tools each conversation's gaps follow
         self._programs = ProgramLedger(rest=self.mars_config.rest_rule(),
