@@ -3,8 +3,9 @@
 The plugin's objects, driven as `MarsScheduler` drives them: a turn arrives
 (`ProgramLedger.turn_arrives`, then the policy starts its segment), waits in the
 `RankedRequestQueue`, runs (one attained iteration per step it is scheduled in) and ends
-(`turn_ends`). mars-boost ranks a turn by its program's first arrival (the simulator's request
-keeps its arrival across its calls); autellix by the service its program attained over its
+(`turn_ends`). A turn's place in the arrival order is its program's first arrival (the simulator's
+request keeps its arrival across its calls), which mars-boost ranks by and which orders MARS's
+promoted lane; autellix ranks by the service its program attained over its
 earlier turns, with Autellix's anti-starvation ratio over that service.
 """
 
@@ -85,11 +86,28 @@ def test_an_inferred_program_adopted_at_its_first_turns_end_keeps_that_turns_arr
     assert follow_up.order_s == 3.0
 
 
-def test_other_orders_keep_each_turns_own_arrival():
-    plugin = Plugin("mars")
+@pytest.mark.parametrize("policy,place", [("mars", 0.0), ("infercept", 0.0), ("vllm", 7.0), ("autellix", 7.0)])
+def test_a_turn_keeps_its_programs_arrival_unless_the_policy_requeues_at_the_tail(policy, place):
+    # The simulator's request keeps its arrival across its calls, but where a call's end puts it
+    # at the tail of the queue (vLLM's and Autellix's rule): there a turn's own arrival is its place.
+    plugin = Plugin(policy)
+    assert plugin.policy.ranks_by_program_arrival is (place == 0.0)
     plugin.arrive("a-1", "a", at_s=0.0)
     plugin.run("a-1", 10, "a")
-    assert plugin.arrive("a-2", "a", at_s=7.0).order_s == 7.0
+    assert plugin.arrive("a-2", "a", at_s=7.0).order_s == place
+
+
+def test_turns_promoted_for_life_run_in_their_programs_arrival_order():
+    plugin = Plugin("mars")
+    assert plugin.policy.starvation.for_life
+    for conversation, at_s in (("old", 0.0), ("new", 5.0)):
+        first = plugin.arrive(f"{conversation}-1", conversation, at_s=at_s)
+        first.elder = True  # promoted while it waited: for the program's life
+        plugin.run(f"{conversation}-1", 10, conversation)
+    plugin.arrive("new-2", "new", at_s=20.0, prompt_tokens=50)
+    plugin.arrive("old-2", "old", at_s=30.0, prompt_tokens=5_000)  # later and larger: first all the same
+    plugin.arrive("fresh-1", "fresh", at_s=31.0, prompt_tokens=10)  # not promoted: after the lane
+    assert plugin.order() == ["old-2", "new-2", "fresh-1"]
 
 
 def test_attained_service_accumulates_over_a_programs_turns_and_not_across_programs():

@@ -13,7 +13,7 @@ from marsched.experiments.twin import __main__ as twin_cli
 from marsched.experiments.twin.configs import twin_policy
 from marsched.experiments.twin.loads import SweepPoint, parse_loads, pick_loads
 from marsched.experiments.twin.records import (
-    SCHEMA, Load, TwinRecord, live_numbers, markdown, prompt_tokens_ratio, rows, same_order,
+    SCHEMA, Load, TwinRecord, live_numbers, markdown, prompt_tokens_ratio, rows, same_order, swapped_pairs,
 )
 from marsched.experiments.twin.stream import as_replayed, replayed_requests
 from marsched.loadgen.arrivals import session_arrivals
@@ -110,6 +110,20 @@ def test_the_table_puts_live_medians_beside_the_simulated_with_the_ratio():
     # Simulated within 1% of each other: either live order ranks them alike; 2% apart: it does not.
     assert same_order(rows([_record("a", light, 1, 10.0, 11.0), _record("b", light, 1, 10.05, 10.5)])) is True
     assert same_order(rows([_record("a", light, 1, 10.0, 11.0), _record("b", light, 1, 10.2, 10.5)])) is False
+
+
+def test_a_pair_ranked_the_other_way_live_says_whether_the_repeats_settle_it():
+    light = Load("light", 0.1)
+    apart = [_record("a", light, r, 10.0, live) for r, live in ((1, 12.0), (2, 12.5), (3, 13.0))] + \
+            [_record("b", light, r, 11.0, live) for r, live in ((1, 10.5), (2, 11.0), (3, 11.9))]
+    [pair] = swapped_pairs(rows(apart))
+    assert (pair.sim_better.config, pair.live_better.config, pair.within_spread) == ("a", "b", False)
+    assert "b before a live, live ranges apart" in markdown(apart)
+    overlapping = apart[:-1] + [_record("b", light, 3, 11.0, 12.0)]  # a's best 12.0 against b's worst
+    [pair] = swapped_pairs(rows(overlapping))
+    assert pair.within_spread and "b before a live, live ranges overlap" in markdown(overlapping)
+    assert swapped_pairs(rows([_record("a", light, 1, 10.0, 11.0), _record("b", light, 1, 11.0, 12.0)])) == []
+    assert "rank the configurations alike" in markdown([_record("a", light, 1, 10.0, 11.0)])
 
 
 def test_the_live_prompts_are_set_against_the_simulated_contexts_turn_by_turn():

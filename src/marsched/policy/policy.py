@@ -218,11 +218,13 @@ class Policy:
 
     @property
     def ranks_by_program_arrival(self) -> bool:
-        """Whether a conversation's turn over HTTP ranks by its program's first arrival: Boost's `a`
-        and Nudge's place are the arrival a request keeps across its calls in the simulator
-        (`boost.py`, `nudge.py`), and over HTTP a program's calls are its turns, each a request of
-        its own."""
-        return self.order in (Order.BOOST, Order.NUDGE)
+        """Whether a conversation's turn over HTTP takes its program's first arrival as its place in
+        the arrival order (`RequestProgress.order_s`). In the simulator a request keeps its arrival
+        across its calls unless the policy requeues it at the tail when a call ends; over HTTP a
+        program's calls are its turns, each a request of its own. The place is what FCFS orders
+        (INFERCEPT's), Boost's `a` and Nudge's place read, and where a promotion for life ranks in
+        the promoted lane (`queue.py`)."""
+        return not self.requeues_at_tail
 
     @property
     def knows_future(self) -> bool:

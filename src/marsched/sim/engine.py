@@ -299,8 +299,8 @@ class Simulator(PrefixReuse, IterationRun):
             while not self._fits(sim_request, tokens):
                 if self.policy.releases_pins and self.lifecycle.release_pinned():
                     continue
-                # Held follow-ups give way before anything running is preempted, as pins do (`marsched
-                # serve` would preempt, then unpin them for the head; it preempted nothing in the twin).
+                # Held follow-ups give way before anything running is preempted, as pins do (as
+                # `marsched serve`'s do inside vLLM's allocation).
                 needed = blocks_for(sim_request.progress.computed_tokens + tokens, self.block_tokens)
                 if self._yield_held(needed - sim_request.device_blocks, sim_request):
                     continue
@@ -403,9 +403,9 @@ class Simulator(PrefixReuse, IterationRun):
         return True
 
     def _yield_held(self, needed_blocks: int, head: SimRequest) -> bool:
-        """The queue's head needs `needed_blocks` free: follow-ups waiting behind it with their kept
-        blocks give them up, the longest kept first, as `marsched serve` unpins them
-        (`ConversationKeeper.relieve`); their blocks stay in the prefix cache. Whether any did."""
+        """`head` needs `needed_blocks` free: other follow-ups waiting with their kept blocks give
+        them up, the longest kept first, as `marsched serve` unpins them (`ConversationKeeper.relieve`);
+        their blocks stay in the prefix cache. Whether any did."""
         yielded = False
         for rid, (_, held) in sorted(self.held.items(), key=lambda item: item[1][0]):
             if self.device.free >= needed_blocks:

@@ -6,10 +6,11 @@ with a fresh starvation counter, so it can wait up to the threshold at every tur
 ranks a turn alone. Here a follow-up turn starts with what its program has waited and been
 served so far (`RequestProgress.waited_iterations`, `waited_s`, `attained_iterations`: Autellix's
 PLAS ranks by the last, as the simulator ranks a request's later calls), stays promoted where a
-promotion lasts a request's life in the simulator (`elder`, starvation `for_life`), ranks by its
-program's first arrival where the order reads the arrival a request keeps across its calls in the simulator
-(`Policy.ranks_by_program_arrival`: mars-boost's `a`, mars-nudge's place, which a Nudge swap may
-have moved, and whether a swap moved it back already), and carries a `ProgramOutlook`: the turns
+promotion lasts a request's life in the simulator (`elder`, starvation `for_life`), takes its
+program's first arrival as its place in the arrival order wherever a simulated request keeps its
+arrival across its calls (`Policy.ranks_by_program_arrival`: every policy but those that requeue at
+the tail when a call ends; the place a Nudge swap may have moved, and whether a swap moved it back
+already, included), and carries a `ProgramOutlook`: the turns
 its program is expected to have left (from the programs that ended: a turn with `retain: false`,
 or a release), its reply length (the predicted one, or the program's mean so far) and its context
 growth per turn (the program's mean).

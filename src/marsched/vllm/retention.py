@@ -24,9 +24,9 @@ or a Swap from a Discard: the blocks went back to vLLM's prefix cache, where not
 
 A retention ends when the follow-up is scheduled (a hit), when the conversation is
 released (`send_release`: vLLM's abort message to the engine core, carrying the id
-`marsched-release:<conversation>`, which `MarsScheduler.finish_requests` takes), when vLLM runs out of room for the
-head of the waiting queue (the newest program's Preserve first, `policy/pins.py`, as the simulator
-gives pins up; then the pins of follow-ups waiting behind the head),
+`marsched-release:<conversation>`, which `MarsScheduler.finish_requests` takes), when vLLM cannot
+allocate a request's blocks (the newest program's Preserve first, `policy/pins.py`, as the simulator
+gives pins up; then the pins of follow-ups still waiting; `ConversationSteps._allocate_giving_way`),
 or at its time limit. A follow-up of a
 conversation whose KV was not kept (discarded, expired, released) is a miss.
 
@@ -75,7 +75,7 @@ class RetentionStats:
     released: int = 0  # by the front end, or for room
     reused_tokens: int = 0  # context tokens follow-ups did not recompute (prefix hit + host load)
     redecided: int = 0  # kept turns whose strategy changed once their tools were known
-    yielded: int = 0  # follow-ups whose pinned blocks went back to the prefix cache for the head of the queue
+    yielded: int = 0  # waiting follow-ups whose pinned blocks went back to the prefix cache for another request
 
 
 async def send_release(engine_client: Any, conversation: str) -> None:
@@ -278,14 +278,14 @@ class ConversationKeeper:
         return ended
 
     def relieve(self, free_blocks: int, needed_blocks: int, head_rid: str | None = None) -> int:
-        """Make `needed_blocks` free for the head of the waiting queue (`head_rid`): release Preserve
-        retentions, the newest program's first (`policy/pins.py`), then unpin the blocks of
-        follow-ups still waiting behind the head, the longest kept first; returns how many of both.
+        """Make `needed_blocks` free for request `head_rid`, whose allocation failed: release Preserve
+        retentions, the newest program's first (`policy/pins.py`), then unpin the blocks of other
+        follow-ups still waiting, the longest kept first; returns how many of both.
 
         A follow-up that arrived keeps its turn's blocks pinned until it is scheduled. If it waits
-        behind a head that does not fit, nothing else may ever free them (an engine with nothing
+        behind a request that does not fit, nothing else may ever free them (an engine with nothing
         running waits for ever), so its blocks go back to vLLM's prefix cache: it still finds
-        them there unless the head's allocation evicts them, and then recomputes them."""
+        them there unless the other's allocation evicts them, and then recomputes them."""
         released = 0
         pins = [k for k in self.kept.values() if k.strategy is Strategy.PRESERVE and k.claimed_by is None]
         for kept in release_order(pins, lambda k: (k.program_arrival_t, k.conversation)):

@@ -98,18 +98,39 @@ def rows(records: Sequence[TwinRecord]) -> list[Row]:
     return list(grouped.values())
 
 
-def same_order(load_rows: Sequence[Row]) -> bool | None:
-    """Whether simulated and live means rank this load's configurations alike (None: a live one is
-    missing): no pair the simulator tells apart by more than `TIE` is ranked the other way live.
-    A pair it does not tell apart may come either way (the live difference is the machine's noise)."""
+@dataclass(frozen=True, slots=True)
+class Swapped:
+    """A pair of configurations the simulator ranks one way and the live medians the other."""
+
+    sim_better: Row
+    live_better: Row
+
+    @property
+    def within_spread(self) -> bool:
+        """Whether the live repeats overlap (the slower one's best against the faster one's worst): their
+        live order is then one the repeats do not settle."""
+        return min(self.sim_better.live_mean_s) <= max(self.live_better.live_mean_s)
+
+    def describe(self) -> str:
+        spread = "live ranges overlap" if self.within_spread else "live ranges apart"
+        return f"{self.live_better.config} before {self.sim_better.config} live, {spread}"
+
+
+def swapped_pairs(load_rows: Sequence[Row]) -> list[Swapped] | None:
+    """The pairs simulated and live means rank differently (None: a live one is missing): each pair
+    the simulator tells apart by more than `TIE` that the live medians rank the other way. A pair it
+    does not tell apart may come either way (the live difference is the machine's noise)."""
     if any(not row.live_mean_s for row in load_rows):
         return None
-    for a in load_rows:
-        for b in load_rows:
-            if a.sim_mean_s * (1 + TIE) < b.sim_mean_s and statistics.median(a.live_mean_s) > statistics.median(
-                    b.live_mean_s):
-                return False
-    return True
+    return [Swapped(a, b) for a in load_rows for b in load_rows
+            if a.sim_mean_s * (1 + TIE) < b.sim_mean_s
+            and statistics.median(a.live_mean_s) > statistics.median(b.live_mean_s)]
+
+
+def same_order(load_rows: Sequence[Row]) -> bool | None:
+    """Whether simulated and live means rank this load's configurations alike (`swapped_pairs`)."""
+    swapped = swapped_pairs(load_rows)
+    return None if swapped is None else not swapped
 
 
 def _s(value: float | None) -> str:
@@ -138,9 +159,12 @@ def markdown(records: Sequence[TwinRecord]) -> str:
     for load in dict.fromkeys(row.load for row in table):
         load_rows = [row for row in table if row.load == load]
         rate = next(r.load.rate for r in records if r.load.name == load)
-        order = same_order(load_rows)
-        lines += [f"### {load}: {rate:g} tasks/s" + ("" if order is None else
-                  f" (simulated and live rank the configurations {'alike' if order else 'differently'})"), "",
+        swapped = swapped_pairs(load_rows)
+        order = "" if swapped is None else " (simulated and live rank the configurations alike)"
+        if swapped:
+            order = (" (simulated and live rank the configurations differently: "
+                     + "; ".join(pair.describe() for pair in swapped) + ")")
+        lines += [f"### {load}: {rate:g} tasks/s{order}", "",
                   "| config | sim mean s | live mean s | live ÷ sim | sim p99 s | live p99 s | live ÷ sim |",
                   "| --- | --- | --- | --- | --- | --- | --- |"]
         for row in load_rows:
