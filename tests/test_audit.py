@@ -377,3 +377,41 @@ def test_infercept_codes_rule_allows_a_discard_or_swap_during_the_call_and_nothi
     after = [*events[:ret + 1], {**events[ret], "event": "assign_strategy", "strategy": "discard",
                                  "reason": "reconsidered", "context_tokens": 10, "api_s": 0.0}, *events[ret + 1:]]
     only(audit_events(tmp_path / "after.jsonl", after), Check.STRATEGY, "after its call returned")
+
+
+def _later_turns(admitted: list[str]) -> list[dict]:
+    """A server's trace of two programs' later turns over HTTP, both promoted for life (`elder`): b's
+    turn arrived first, a's program first (`program_arrival_s`); admitted together in `admitted` order."""
+    run = {"event": "run", "t": 0.0, "iteration": 0, "schema_version": 1, "engine": "vllm", "device_blocks": 64,
+           "host_blocks": 0, "block_tokens": 16, "kv_device_blocks": 0, "kv_host_blocks": 0,
+           "policy": {"name": "mars", "order": "memory-time", "rule": "ahead", "fixed_strategy": None,
+                      "starvation": {"variant": "custom", "threshold": 1e6, "clock": "seconds", "counts": "all-waiting",
+                                     "protection": "segment", "quantum": 0, "for_life": True}}}
+    arrived = {"b-2": (20.0, 5.0), "a-2": (30.0, 0.0)}  # (the turn's arrival, its program's)
+
+    def event(kind, t, iteration, **fields):
+        return {"event": kind, "t": t, "iteration": iteration, **fields, "kv_device_blocks": 0, "kv_host_blocks": 0}
+
+    events = [run] + [event("arrive", at, 1, rid=rid, segment=0, queue="waiting", arrival_s=at, prompt_tokens=10,
+                            program=rid[0], identity="stated", elder=True, program_arrival_s=first)
+                      for rid, (at, first) in arrived.items()]
+    events += [event("admit", 31.0, 2, rid=rid, segment=0, queue="running", prefill_tokens=10,
+                     wait_s=31.0 - arrived[rid][0], score=1.0, promoted=True, counter=31.0 - arrived[rid][0],
+                     protected_until=None, protected_segment=0) for rid in admitted]
+    events.append(event("schedule", 31.0, 2, iterations=1, batch=2, tokens=20, context_tokens=20, free_blocks=64,
+                        host_free_blocks=0, waiting=0, next_score=None, threshold=1e6))
+    events += [event("finish", 32.0, 3, rid=rid, segment=0, queue="finished", e2e_s=32.0 - arrived[rid][0],
+                     ttft_s=1.0, status="finished", strategies=[], preemptions=0, segments=1) for rid in admitted]
+    return events + [event("end", 33.0, 3, requests=2)]
+
+
+def test_later_turns_promoted_for_life_run_in_their_programs_arrival_order(tmp_path):
+    # Over HTTP a program's later turn enters the promoted lane at once (`elder`), placed by its
+    # program's first arrival (`program_arrival_s`), as the simulator's request keeps its arrival.
+    result = audit_events(tmp_path / "t.jsonl", _later_turns(["a-2", "b-2"]))
+    assert result.clean, "\n".join(map(str, result.violations))
+    only(audit_events(tmp_path / "t.jsonl", _later_turns(["b-2", "a-2"])), Check.ORDER,
+         "promoted requests are admitted by arrival (promoted for life), but a-2")
+    unmarked = [{k: v for k, v in e.items() if k != "elder"} for e in _later_turns(["a-2", "b-2"])]
+    said = [str(v) for v in audit_events(tmp_path / "t.jsonl", unmarked).violations]  # not known to be promoted
+    assert any("admitted from the promoted lane (promoted=true) but never promoted" in v for v in said), said

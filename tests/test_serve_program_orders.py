@@ -5,8 +5,9 @@ completions naming their `conversation`; the scheduler's event trace shows what 
 ranked by. `--policy mars-boost` ranks a later turn by its program's first arrival (a large γ
 makes the order first come first served by that arrival, so the key is that arrival, less a
 few milliseconds), and so does `--policy mars-boost-label`, whose boost learns from the turns that
-ended; `--policy autellix` by the service its program attained over its earlier
-turns, counted in the steps each turn ran in.
+ended; `--policy infercept` queues it first come first served by that arrival; `--policy
+autellix` by the service its program attained over its earlier turns, counted in the steps each
+turn ran in.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ pytestmark = [pytest.mark.vllm, pytest.mark.timeout(900)]
 REPLY_TOKENS = 8
 GAMMA = 1000.0  # per device second: a boost of milliseconds at these sizes
 POLICIES = {"mars-boost": ("--boost-gamma", str(GAMMA)), "mars-boost-label": ("--boost-gamma", str(GAMMA)),
-            "autellix": ()}
+            "autellix": (), "infercept": ()}
 
 
 @pytest.fixture(scope="module")
@@ -73,6 +74,19 @@ def test_mars_boost_ranks_a_later_turn_by_its_programs_first_arrival(servers, po
     # Boost's key: the arrival it ranks by, less the boost (milliseconds here).
     for rid, arrival in (("old-1", first), ("new-1", arrive["new-1"]["arrival_s"]), ("old-2", first)):
         assert arrival - 0.05 < admit[rid]["score"] < arrival, rid
+
+
+def test_infercept_queues_a_later_turn_by_its_programs_first_arrival(servers):
+    # First come first served by the arrival a simulated request keeps across its calls.
+    server = servers["infercept"]
+    old = turn(server, "old", "old-1", "the quick brown fox jumps over the lazy dog")
+    time.sleep(0.5)
+    turn(server, "old", "old-2", old + " and then")
+    arrive, admit = events(server, "arrive"), events(server, "admit")
+    first = arrive["old-1"]["arrival_s"]
+    assert arrive["old-2"]["arrival_s"] - first > 0.5
+    assert arrive["old-2"]["program_arrival_s"] == pytest.approx(first, abs=1e-5)
+    assert admit["old-2"]["score"] == pytest.approx(first, abs=1e-5)
 
 
 def test_autellix_counts_a_programs_service_across_its_turns(servers):

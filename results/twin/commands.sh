@@ -40,6 +40,21 @@ VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/mo
     --out results/twin/run5-light --repeats 3 --loads light:0.4 --resume
 .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
     --out results/twin/run5 --repeats 3 --loads queueing:1 --resume
+# The sixth run (docs/results.md, "The sixth and seventh runs"): after kept KV gives way inside vLLM's
+# allocation and the simulator admits a whole prompt (profile.json's admits_whole_prompt). The fifth run's
+# folders were copied in as in the fifth run, but for Continuum's pin at the queueing load (the only run
+# that gave pins up for room); --resume simulated anew and ran that configuration's three repeats:
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run6-light --repeats 3 --loads light:0.4 --resume
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run6 --repeats 3 --loads queueing:1 --resume
+# The seventh run: after a turn takes its program's first arrival as its place (MARS's promoted lane,
+# INFERCEPT's FCFS order). The sixth run's folders were copied in but for the three configurations the
+# change touches (mars, infercept, continuum), which ran three repeats at both loads:
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run7 --repeats 3 --loads queueing:1 --resume
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
+    --out results/twin/run7-light --repeats 3 --loads light:0.4 --resume
 # The full comparison from nothing: three interleaved repeats (about three hours on two cores).
 # .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
 #     --out results/twin/run3-full

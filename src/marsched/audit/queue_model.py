@@ -58,9 +58,12 @@ class QueueModel:
         e = line.event
         kind = e["event"]
         if kind == "arrive":
-            self.arrival[e["rid"]] = e["arrival_s"]
+            # Its place in the arrival order: a later turn of a program over HTTP takes its program's.
+            self.arrival[e["rid"]] = e.get("program_arrival_s", e["arrival_s"])
             if e.get("carried"):  # a later turn of a program: its program's wait so far
                 self.carried[e["rid"]] = float(e["carried"])
+            if e.get("elder"):  # a later turn of a program promoted for life: in the promoted lane
+                self.elder.add(e["rid"])
             self._enter(line)
         elif kind == "preempt":
             self._enter(line)

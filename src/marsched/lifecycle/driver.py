@@ -153,14 +153,16 @@ class CallLifecycle:
         program the request is a turn of (vLLM: `program`, `identity`), for the trace."""
         progress = handle.progress
         # A turn of a program (marsched.vllm.programs) starts with the wait its program carried, the
-        # service its program attained (Autellix's PLAS ranks by it) and, where the order ranks by
-        # it, its program's first arrival (mars-boost's `a`).
+        # service its program attained (Autellix's PLAS ranks by it), its program's first arrival as
+        # its place (unless the policy requeues at the tail) and its program's promotion for life.
         carried = self.policy.starvation.carried(progress)
         extra = {"carried": carried} if carried else {}
         if progress.attained_iterations:
             extra["attained"] = progress.attained_iterations
         if progress.order_s != arrival_s:
             extra["program_arrival_s"] = progress.order_s
+        if progress.elder:
+            extra["elder"] = True
         self.emit("arrive", handle, arrival_s=arrival_s, prompt_tokens=prompt_tokens, **program, **extra)
 
     def start_segment(self, handle: Any, queue: str, source: str = "plan") -> None:

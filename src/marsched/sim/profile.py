@@ -26,7 +26,7 @@ class Profile:
     # the batch. Profiles written before the field load with None.
     max_sequences: int | None = None
     # Whether a waiting request is admitted only when its whole prompt fits, not just its first chunk
-    # (vLLM's `scheduler_reserve_full_isl`, on by default in 0.32). Profiles written before the field
+    # (vLLM's `scheduler_reserve_full_isl`, on by default in 0.32 and 0.33). Profiles written before the field
     # load with False: the chunk is enough.
     admits_whole_prompt: bool = False
 
