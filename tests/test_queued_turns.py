@@ -1,7 +1,8 @@
 """`Simulator(queued_turns=True)`: a call's return comes back as a new request (a client running its
 own tools, as the live twin's loadgen does over HTTP), so a follow-up whose KV was kept on the
 device waits in the queue like any turn, holding its blocks, and gives them up when the queue's
-head does not fit (`marsched serve`'s `ConversationKeeper.relieve`)."""
+head does not fit (`marsched serve`'s `ConversationKeeper.relieve`). What is kept of a turn is its
+full blocks, as `marsched serve` pins or copies them."""
 
 from __future__ import annotations
 
@@ -40,7 +41,26 @@ def test_a_pinned_follow_up_waits_for_room_in_the_batch_as_a_new_turn_does():
     _, finish, admits, resumed = _run(requests, profile, make_policy("continuum-public", profile.cost, prefix_cache=True),
                                       queued_turns=True)
     assert resumed == ["waiting"] and finish["b"] < finish["a"]
-    assert admits[-1] == ("a", 5)  # the last token sampled before the call and the 4 returned
+    # Past its 4 kept full blocks: the 3 computed tokens of its partial block, which is not kept
+    # (`marsched serve` keeps full blocks), the last token sampled before the call, and the 4 returned.
+    assert admits[-1] == ("a", 8)
+
+
+def test_a_follow_up_over_http_finds_its_turns_full_blocks_kept_on_the_host_too():
+    profile = load_profile("gptj-6b-a100")
+    block = profile.block_tokens
+    requests = [build_request("a", 4 * block + 10, [(4, ApiCall(ApiType.MATH, 0.05, 4)), (4, None)], 0.0)]
+    # Swapped out with 4 full blocks and 13 tokens of a fifth: inside vLLM all 5 come back and it
+    # computes the last sampled token and the 4 returned; over HTTP the 4 full blocks, and the 13 again.
+    for queued_turns, swapped_in, computed in ((False, 5, 1 + 4), (True, 4, 13 + 1 + 4)):
+        trace = Recorder()
+        sim = Simulator(requests, profile, make_policy("swap", profile.cost), trace=trace, queued_turns=queued_turns,
+                        on_step=lambda s: s.check_invariants())
+        sim.run()
+        events = [e for e in trace.events if e["event"] in ("swap_in", "schedule")]
+        back = next(i for i, e in enumerate(events) if e["event"] == "swap_in")
+        assert events[back]["blocks"] == swapped_in and events[back + 1]["tokens"] == computed
+        assert sim.host.used == 0 and sim.device.used == 0
 
 
 def test_a_held_follow_up_gives_its_blocks_to_the_head_and_keeps_a_prefix_in_the_cache():

@@ -244,6 +244,8 @@ class Simulator(PrefixReuse, IterationRun):
         if progress.in_last_segment:
             self._finish(sim_request)
             return
+        if self.queued_turns:
+            self._keep_full_blocks(sim_request)
         self.lifecycle.begin_next_segment(sim_request)
         progress.context_tokens = call.next_context(progress.context_tokens)
         if call.compacts:
@@ -267,6 +269,21 @@ class Simulator(PrefixReuse, IterationRun):
         self.lifecycle.resumed(sim_request, where)
         if where != "device":
             self.queue.push(progress, self.load(), self.iteration)
+
+    def _keep_full_blocks(self, sim_request: SimRequest) -> None:
+        """A follow-up over HTTP finds its turn's full blocks kept, not the last, partial one
+        (`marsched serve` pins or copies full blocks, `vllm/retention.py`): it computes that again."""
+        if not (sim_request.device_blocks or sim_request.host_blocks):
+            return
+        full = sim_request.progress.computed_tokens // self.block_tokens
+        partial = sim_request.device_blocks + sim_request.host_blocks - full
+        from_host = min(max(partial, 0), sim_request.host_blocks)  # a swap moves the tail out first
+        self.host.release(from_host)
+        sim_request.host_blocks -= from_host
+        from_device = max(partial - from_host, 0)
+        self.device.release(from_device)
+        sim_request.device_blocks -= from_device
+        sim_request.progress.computed_tokens = full * self.block_tokens
 
     def _drop_compacted(self, sim_request: SimRequest, keep_tokens: int) -> None:
         """The client compacted the context: the KV past the kept prefix is freed, from the tail
