@@ -55,6 +55,9 @@ VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/mo
     --out results/twin/run7 --repeats 3 --loads queueing:1 --resume
 .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
     --out results/twin/run7-light --repeats 3 --loads light:0.4 --resume
+# Then the simulator kept only a turn's full blocks for its follow-up, as the server does: the same two
+# commands again re-simulated both loads and kept every live run (records.json and table.md are the
+# re-simulated ones; each load's summary.json is the live comparison as measured).
 # The full comparison from nothing: three interleaved repeats (about three hours on two cores).
 # .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
 #     --out results/twin/run3-full
