@@ -602,16 +602,18 @@ def test_a_request_whose_blocks_do_not_fit_unpins_the_follow_ups_waiting_behind_
     assert manager.tries[-1] == "huge" and manager.tries.count("huge") == 1
 
 
-def test_kept_preserves_give_way_one_by_one_until_the_allocation_fits(steps):
+@pytest.mark.parametrize("beyond_one_pin,kept_after", [(False, 1), (True, 0)])
+def test_kept_preserves_give_way_one_by_one_until_the_allocation_fits(steps, beyond_one_pin, kept_after):
     for conversation, tool_s in (("a", 0.001), ("b", 0.001)):
         steps.finish(conversation, f"{conversation}-1", tool_s=tool_s)
     pins = {c: list(steps._keeper.kept[c].pinned) for c in ("a", "b")}
     for block in pins["a"] + pins["b"]:
         block.ref_cnt -= 1
-    steps.kv_cache_manager = manager = _BlockAllocation(pins["a"] + pins["b"], {"new": 1})
+    needed = len(pins["a"]) + 1 if beyond_one_pin else 1  # more than one pin holds: both must go
+    steps.kv_cache_manager = manager = _BlockAllocation(pins["a"] + pins["b"], {"new": needed})
     steps._let_kept_give_way()
     assert steps.kv_cache_manager.allocate_slots(SimpleNamespace(request_id="new"), 16) == ["blocks"]
-    assert len(steps._keeper.kept) == 1 and manager.tries == ["new", "new"]  # one pin was enough
+    assert len(steps._keeper.kept) == kept_after and manager.tries == ["new"] * (3 - kept_after)
 
 
 # --- replies of the other endpoints, and requests that name no conversation ----------------------
