@@ -8,6 +8,8 @@ from __future__ import annotations
 
 from dataclasses import replace
 
+import pytest
+
 from marsched.policy.policy import StrategyRule
 from marsched.policy.registry import make_policy
 from marsched.policy.ttl import ConstantTtl
@@ -46,13 +48,17 @@ def test_a_pinned_follow_up_waits_for_room_in_the_batch_as_a_new_turn_does():
     assert admits[-1] == ("a", 8)
 
 
-def test_a_follow_up_over_http_finds_its_turns_full_blocks_kept_on_the_host_too():
+@pytest.mark.parametrize("past_full_blocks", [10, -3])
+def test_a_follow_up_over_http_finds_its_turns_full_blocks_kept_on_the_host_too(past_full_blocks):
     profile = load_profile("gptj-6b-a100")
     block = profile.block_tokens
-    requests = [build_request("a", 4 * block + 10, [(4, ApiCall(ApiType.MATH, 0.05, 4)), (4, None)], 0.0)]
+    requests = [build_request("a", 4 * block + past_full_blocks, [(4, ApiCall(ApiType.MATH, 0.05, 4)), (4, None)], 0.0)]
     # Swapped out with 4 full blocks and 13 tokens of a fifth: inside vLLM all 5 come back and it
     # computes the last sampled token and the 4 returned; over HTTP the 4 full blocks, and the 13 again.
-    for queued_turns, swapped_in, computed in ((False, 5, 1 + 4), (True, 4, 13 + 1 + 4)):
+    # A turn that ends on a block's end keeps all it computed.
+    partial = (past_full_blocks + 3) % block
+    expected = ((False, 4 + (partial > 0), 1 + 4), (True, 4, partial + 1 + 4))
+    for queued_turns, swapped_in, computed in expected:
         trace = Recorder()
         sim = Simulator(requests, profile, make_policy("swap", profile.cost), trace=trace, queued_turns=queued_turns,
                         on_step=lambda s: s.check_invariants())

@@ -123,6 +123,7 @@ def test_a_pair_ranked_the_other_way_live_says_whether_the_repeats_settle_it():
     [pair] = swapped_pairs(rows(overlapping))
     assert pair.within_spread and "b before a live, live ranges overlap" in markdown(overlapping)
     assert swapped_pairs(rows([_record("a", light, 1, 10.0, 11.0), _record("b", light, 1, 11.0, 12.0)])) == []
+    assert swapped_pairs(rows([_record("a", light, 1, 10.0, 11.0), _record("b", light, 1, 11.0, 11.0)])) == []  # a tie
     assert "rank the configurations alike" in markdown([_record("a", light, 1, 10.0, 11.0)])
 
 
