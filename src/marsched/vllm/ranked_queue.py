@@ -113,17 +113,6 @@ class RankedRequestQueue(RequestQueue):
             self._held = self._requests[progress.request_id]
         return self._held
 
-    def head_request(self) -> Request | None:
-        """The request vLLM would look at first, left in the queue."""
-        if not self._requests:
-            return None
-        try:
-            return self.peek_request()
-        except IndexError:
-            return None
-        finally:
-            self._unhold()
-
     def pop_request(self) -> Request:
         request = self.peek_request()
         self._held = None
