@@ -273,21 +273,14 @@ class Simulator(PrefixReuse, IterationRun):
     def _keep_full_blocks(self, sim_request: SimRequest) -> None:
         """A follow-up over HTTP finds its turn's full blocks kept, not the last, partial one
         (`marsched serve` pins or copies full blocks, `vllm/retention.py`): it computes that again."""
-        if not (sim_request.device_blocks or sim_request.host_blocks):
-            return
-        full = sim_request.progress.computed_tokens // self.block_tokens
-        partial = sim_request.device_blocks + sim_request.host_blocks - full
-        from_host = min(max(partial, 0), sim_request.host_blocks)  # a swap moves the tail out first
-        self.host.release(from_host)
-        sim_request.host_blocks -= from_host
-        from_device = max(partial - from_host, 0)
-        self.device.release(from_device)
-        sim_request.device_blocks -= from_device
-        sim_request.progress.computed_tokens = full * self.block_tokens
+        if sim_request.device_blocks or sim_request.host_blocks:
+            full = sim_request.progress.computed_tokens // self.block_tokens
+            self._drop_compacted(sim_request, full * self.block_tokens)
 
     def _drop_compacted(self, sim_request: SimRequest, keep_tokens: int) -> None:
-        """The client compacted the context: the KV past the kept prefix is freed, from the tail
-        (host blocks first: a swap moves a request's tail out first)."""
+        """The KV past `keep_tokens` is freed, from the tail (host blocks first: a swap moves a
+        request's tail out first): the client compacted the context, or a follow-up over HTTP
+        finds only its turn's full blocks kept (`_keep_full_blocks`)."""
         drop = sim_request.device_blocks + sim_request.host_blocks - blocks_for(keep_tokens, self.block_tokens)
         from_host = min(max(drop, 0), sim_request.host_blocks)
         self.host.release(from_host)
