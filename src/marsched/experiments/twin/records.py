@@ -127,12 +127,6 @@ def swapped_pairs(load_rows: Sequence[Row]) -> list[Swapped] | None:
             and statistics.median(a.live_mean_s) > statistics.median(b.live_mean_s)]
 
 
-def same_order(load_rows: Sequence[Row]) -> bool | None:
-    """Whether simulated and live means rank this load's configurations alike (`swapped_pairs`)."""
-    swapped = swapped_pairs(load_rows)
-    return None if swapped is None else not swapped
-
-
 def _s(value: float | None) -> str:
     return "—" if value is None else f"{value:.2f}"
 
