@@ -156,6 +156,16 @@ def test_bad_flags_are_refused_before_anything_runs(tmp_path, capsys, flags, mes
     assert not (tmp_path / "out").exists()
 
 
+def test_a_grid_with_no_queueing_rate_is_refused_with_the_sweep_and_no_traceback(tmp_path, capsys):
+    argv = ["--model", "m", "--profile", PROFILE, "--out", str(tmp_path / "out"), "--sim-only", "--configs", "mars",
+            "--grid", "0.05,0.1", "--duration", "20", "--max-turns", "3", "--token-scale", "0.01"]
+    assert twin_cli.main(argv) == 2
+    err = capsys.readouterr().err
+    assert "error: no rate of the grid queues" in err and "0.05/s" in err and "add higher rates to --grid" in err
+    assert "Traceback" not in err
+    assert not (tmp_path / "out" / "records.json").exists()
+
+
 def test_a_simulated_only_twin_writes_one_record_per_configuration_and_load(tmp_path):
     out = tmp_path / "twin"
     argv = ["--model", "m", "--profile", PROFILE, "--out", str(out), "--sim-only", "--configs", "vllm-stock,mars",
@@ -185,6 +195,14 @@ def test_a_short_live_twin_writes_simulated_and_live_numbers_per_task(twin_run):
     assert record["live"]["turns_failed"] == 0 and record["error"] is None
     assert record["live"]["prompt_tokens_ratio"] == pytest.approx(1.0, abs=0.1)  # a token a filler word
     assert "| mars |" in (out / "table.md").read_text()
+    # The server's cost model is kept with its run; where it learned its step terms in these few seconds,
+    # the twin simulated again at them.
+    (run_file,) = (out / "smoke" / "runs").glob("mars-r1/run.json")
+    cost = json.loads(run_file.read_text())["cost_model"]
+    assert cost["step_source"] in ("learned", "placeholder") and cost["seconds_per_iteration"] > 0
+    learned = cost["step_source"] == "learned"
+    assert ("smoke" in result["served_costs"]) == learned
+    assert (record["sim_served"] is not None) == learned
     # The server predicted online from the replies it served (a few tokens each), never from
     # max_tokens (4096), which is all a turn's request holds.
     events = [json.loads(line) for line in (twin_run.folder / "trace.jsonl").read_text().splitlines()]

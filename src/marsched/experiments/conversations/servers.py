@@ -150,6 +150,22 @@ def tail(path: Path, lines: int = 25) -> str:
         return ""
 
 
+def server_cost_model(url: str) -> dict[str, Any] | None:
+    """The cost model a marsched server decides with, from /marsched/state (its first rank's under data
+    parallelism): the step-time terms it learned from its own steps and their source; None for a server
+    without that page (stock vLLM) or one that answered nothing."""
+    state = get(f"{url}/marsched/state")
+    if state is None:
+        return None
+    try:
+        answer = json.loads(state)
+    except ValueError:
+        return None
+    ranks = answer.get("ranks") or [answer]
+    cost = (ranks[0].get("scheduler") or {}).get("cost_model")
+    return cost if isinstance(cost, dict) else None
+
+
 def server_counters(url: str) -> dict[str, Any]:
     """Retention counters from /marsched/state (marsched only) and vLLM's prefix cache (and a KV connector's
     prefix hits) from /metrics."""

@@ -5,7 +5,9 @@ A record (`results/twin/*/records.json`, schema `marsched.twin/1`):
 ``{"config", "load": {"name", "rate"}, "repeat", "sim": {...}, "live": {...} | null}``, where
 `sim` and `live` each hold at least ``e2e_mean_s`` and ``e2e_p99_s`` over the tasks that finished
 (a task is one conversation of `marsched loadgen`, one request of the simulator). `live` is null
-for a run that did not measure (its `error` says why) and for a ``--sim-only`` run.
+for a run that did not measure (its `error` says why) and for a ``--sim-only`` run. `sim_served`,
+where the load's marsched servers learned their step costs, is `sim` at those costs
+(`served_costs.py`); records.json's `served_costs` holds them per load.
 """
 
 from __future__ import annotations
@@ -34,6 +36,7 @@ class TwinRecord:
     sim: dict[str, Any]
     live: dict[str, Any] | None
     error: str | None = None
+    sim_served: dict[str, Any] | None = None  # `sim` at the step costs the live servers learned (`served_costs`)
 
     def to_dict(self) -> dict[str, Any]:
         return asdict(self)
@@ -85,13 +88,16 @@ class Row:
         return _ratio(statistics.median(self.live_p99_s), self.sim_p99_s) if self.live_p99_s else None
 
 
-def rows(records: Sequence[TwinRecord]) -> list[Row]:
-    """One row per configuration and load, in the records' order, the live repeats together."""
+def rows(records: Sequence[TwinRecord], side: str = "sim") -> list[Row]:
+    """One row per configuration and load, in the records' order, the live repeats together; `side`:
+    the simulation set against them (`sim`, or `sim_served`; records without it are left out)."""
     grouped: dict[tuple[str, str], Row] = {}
     for record in records:
+        sim = getattr(record, side)
+        if sim is None:
+            continue
         key = (record.config, record.load.name)
-        row = grouped.setdefault(key, Row(record.config, record.load.name, record.sim["e2e_mean_s"],
-                                          record.sim["e2e_p99_s"], [], []))
+        row = grouped.setdefault(key, Row(record.config, record.load.name, sim["e2e_mean_s"], sim["e2e_p99_s"], [], []))
         if record.live and record.live.get("e2e_mean_s") is not None:
             row.live_mean_s.append(record.live["e2e_mean_s"])
             row.live_p99_s.append(record.live["e2e_p99_s"])
@@ -145,25 +151,34 @@ def _agrees(ratio: float | None) -> str:
     return " ✓" if abs(ratio - 1) <= AGREEMENT else " ✗"
 
 
-def markdown(records: Sequence[TwinRecord]) -> str:
+def _table(heading: str, load_rows: Sequence[Row]) -> list[str]:
+    swapped = swapped_pairs(load_rows)
+    order = "" if swapped is None else " (simulated and live rank the configurations alike)"
+    if swapped:
+        order = (" (simulated and live rank the configurations differently: "
+                 + "; ".join(pair.describe() for pair in swapped) + ")")
+    lines = [f"{heading}{order}", "",
+             "| config | sim mean s | live mean s | live ÷ sim | sim p99 s | live p99 s | live ÷ sim |",
+             "| --- | --- | --- | --- | --- | --- | --- |"]
+    for row in load_rows:
+        lines.append(f"| {row.config} | {_s(row.sim_mean_s)} | {_live(row.live_mean_s)} | "
+                     f"{_s(row.mean_ratio)}{_agrees(row.mean_ratio)} | {_s(row.sim_p99_s)} | "
+                     f"{_live(row.live_p99_s)} | {_s(row.p99_ratio)}{_agrees(row.p99_ratio)} |")
+    return lines + [""]
+
+
+def markdown(records: Sequence[TwinRecord], served: dict[str, dict[str, Any]] | None = None) -> str:
     """Per load: each configuration's simulated and live mean and p99 per task, live as the median
-    over repeats (min–max), and live ÷ sim (✓ within 15%)."""
-    table = rows(records)
+    over repeats (min–max), and live ÷ sim (✓ within 15%); then, where the servers learned their step
+    costs (`served`: load -> `served_costs` terms), the same with the simulator at those costs."""
+    table, served_table = rows(records), rows(records, "sim_served")
     lines = []
     for load in dict.fromkeys(row.load for row in table):
-        load_rows = [row for row in table if row.load == load]
         rate = next(r.load.rate for r in records if r.load.name == load)
-        swapped = swapped_pairs(load_rows)
-        order = "" if swapped is None else " (simulated and live rank the configurations alike)"
-        if swapped:
-            order = (" (simulated and live rank the configurations differently: "
-                     + "; ".join(pair.describe() for pair in swapped) + ")")
-        lines += [f"### {load}: {rate:g} tasks/s{order}", "",
-                  "| config | sim mean s | live mean s | live ÷ sim | sim p99 s | live p99 s | live ÷ sim |",
-                  "| --- | --- | --- | --- | --- | --- | --- |"]
-        for row in load_rows:
-            lines.append(f"| {row.config} | {_s(row.sim_mean_s)} | {_live(row.live_mean_s)} | "
-                         f"{_s(row.mean_ratio)}{_agrees(row.mean_ratio)} | {_s(row.sim_p99_s)} | "
-                         f"{_live(row.live_p99_s)} | {_s(row.p99_ratio)}{_agrees(row.p99_ratio)} |")
-        lines.append("")
+        lines += _table(f"### {load}: {rate:g} tasks/s", [row for row in table if row.load == load])
+        load_served = [row for row in served_table if row.load == load]
+        costs = (served or {}).get(load)
+        if load_served and costs is not None:
+            lines += _table(f"#### {load}, simulated at the servers' step costs ({costs['step_time_ratio']:.2f}× the "
+                            f"profile's step time; median of {costs['runs']} runs' learned terms)", load_served)
     return "\n".join(lines).rstrip() + "\n"

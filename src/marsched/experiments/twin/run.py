@@ -21,10 +21,14 @@ from marsched.experiments.http_bench.records import RunRecord
 from marsched.experiments.http_bench.run import RESUME_MISMATCH_EXIT, Plan, check_resumable, run_plan
 from marsched.experiments.twin.loads import pick_loads, relative_slowdowns, sweep
 from marsched.experiments.twin.records import SCHEMA, Load, TwinRecord, live_numbers, markdown
-from marsched.experiments.twin.simulate import SimEngine, simulate
+from marsched.experiments.twin.served_costs import served_terms, step_time_ratio, with_served_terms
+from marsched.experiments.twin.simulate import SimEngine, engine_profile, simulate
 from marsched.experiments.twin.stream import replayed_requests
 from marsched.loadgen.options import LoadgenOptions
 from marsched.workload.model import Request
+
+USAGE_EXIT = 2  # as a bad flag: the grid has no load of a kind the twin needs
+STEP_TOLERANCE = 0.15  # the servers' step time this far from the profile's: the profile is not this machine's
 
 
 PROMPT_TOLERANCE = 0.05  # live prompt tokens against the simulated contexts
@@ -82,6 +86,11 @@ class Simulations:
             self._summaries[key] = simulate(config, self.workload(rate), plan.sim_engine, plan.pin_s, self.replay(rate))
         return self._summaries[key]
 
+    def served_summary(self, config: str, rate: float, served: dict[str, Any]) -> dict[str, Any]:
+        """`summary` with the step costs the live servers learned (`served_costs`), not cached."""
+        plan = self.plan
+        return simulate(config, self.workload(rate), plan.sim_engine, plan.pin_s, self.replay(rate), served)
+
 
 def choose_loads(plan: TwinPlan, simulations: Simulations) -> tuple[Load, ...]:
     if plan.loads is not None:
@@ -95,16 +104,39 @@ def choose_loads(plan: TwinPlan, simulations: Simulations) -> tuple[Load, ...]:
     return loads
 
 
-def live_records(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], folder: Path,
-                 requests: list[Request]) -> list[TwinRecord]:
-    """The records of one load's live comparison, read back from its run files; `requests`: the
-    load's replay, as simulated."""
-    contexts = {r.request_id: [s.context_tokens for s in r.segments] for r in requests}
-    records = []
+def load_runs(plan: TwinPlan, sims: dict[str, dict[str, Any]], folder: Path) -> list[RunRecord]:
+    """The live runs of one load's comparison in `folder`, read back from their run files."""
+    runs = []
     for run_file in sorted(folder.glob("runs/*/run.json")):
         run = RunRecord.from_dict(json.loads(run_file.read_text()))
-        if run.config not in sims or run.repeat > plan.repeats:
-            continue  # an earlier comparison's run in the same folder
+        if run.config in sims and run.repeat <= plan.repeats:  # else an earlier comparison's run in the same folder
+            runs.append(run)
+    return runs
+
+
+def served_costs(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], folder: Path) -> dict[str, Any] | None:
+    """The step costs this load's marsched servers learned (`served_costs.served_terms`), with their step time
+    over the profile's; None when none learned them (stock vLLM only, or runs from before they were kept)."""
+    served = served_terms(run.cost_model for run in load_runs(plan, sims, folder) if run.measured)
+    if served is None:
+        return None
+    profile_cost = engine_profile(plan.sim_engine).cost
+    ratio = step_time_ratio(profile_cost, with_served_terms(profile_cost, served))
+    progress(f"[{load.name}] the servers' steps took {ratio:.2f}x the profile's (median of {served['runs']} "
+             "marsched runs' learned terms); simulating again with them")
+    if abs(ratio - 1) > STEP_TOLERANCE:
+        progress(f"[{load.name}] WARNING: the profile's steps are not this server's: calibrate on this machine, and "
+                 "read the comparison at the servers' step costs (docs/twin.md)")
+    return served | {"step_time_ratio": ratio}
+
+
+def live_records(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], folder: Path,
+                 requests: list[Request], served_sims: dict[str, dict[str, Any]] | None = None) -> list[TwinRecord]:
+    """The records of one load's live comparison, read back from its run files; `requests`: the
+    load's replay, as simulated; `served_sims`: each configuration's simulation at the servers' step costs."""
+    contexts = {r.request_id: [s.context_tokens for s in r.segments] for r in requests}
+    records = []
+    for run in load_runs(plan, sims, folder):
         live = None
         if run.measured:
             live = live_numbers(json.loads(Path(run.loadgen).read_text()), contexts)
@@ -113,14 +145,17 @@ def live_records(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], fo
                 progress(f"[{load.name}] WARNING: {run.config}'s server counted {ratio:.2f}x the simulated "
                          "prompt tokens: the filler is not a token a word on this model (docs/twin.md)")
         records.append(TwinRecord(run.config, load, run.repeat, sims[run.config], live,
-                                  None if run.measured else (run.error or "interrupted")))
+                                  None if run.measured else (run.error or "interrupted"),
+                                  None if served_sims is None else served_sims[run.config]))
     return sorted(records, key=lambda r: (plan.configs.index(r.config), r.repeat))
 
 
-def write_results(plan: TwinPlan, records: list[TwinRecord]) -> str:
-    text = markdown(records)
+def write_results(plan: TwinPlan, records: list[TwinRecord], served: dict[str, dict[str, Any]] | None = None) -> str:
+    """records.json and table.md; `served`: per load, the servers' step costs (`served_costs`)."""
+    text = markdown(records, served or {})
     plan.out.mkdir(parents=True, exist_ok=True)
-    payload = {"schema": SCHEMA, "settings": plan.settings(), "records": [r.to_dict() for r in records]}
+    payload = {"schema": SCHEMA, "settings": plan.settings(), "records": [r.to_dict() for r in records],
+               "served_costs": served or {}}
     write_atomically(plan.out / "records.json",
                      lambda f: f.write((json.dumps(payload, indent=1, allow_nan=False) + "\n").encode()))
     write_atomically(plan.out / "table.md", lambda f: f.write(text.encode()))
@@ -137,6 +172,7 @@ def run_twin(plan: TwinPlan) -> int:
     """Simulate, then run live, load by load; the exit status of the live runs (0: all measured)."""
     status = 0
     records: list[TwinRecord] = []
+    served: dict[str, dict[str, Any]] = {}  # load -> the step costs its servers learned
     simulations = Simulations(plan)
     if plan.resume and not plan.sim_only and plan.loads is not None:
         try:  # before minutes of simulation: runs of other settings stop it as they would later
@@ -145,7 +181,12 @@ def run_twin(plan: TwinPlan) -> int:
         except ValueError as error:
             progress(f"STOPPED: {error}")
             return RESUME_MISMATCH_EXIT
-    for load in choose_loads(plan, simulations):
+    try:
+        loads = choose_loads(plan, simulations)
+    except ValueError as error:  # no rate of the grid is light, or none queues: the user widens --grid
+        print(f"error: {error}", file=sys.stderr)
+        return USAGE_EXIT
+    for load in loads:
         workload, requests = simulations.workload(load.rate), simulations.replay(load.rate)
         sims = {}
         for config in plan.configs:
@@ -157,10 +198,15 @@ def run_twin(plan: TwinPlan) -> int:
         else:
             live = live_plan(plan, load, workload)
             status = max(status, run_plan(live))
-            records += live_records(plan, load, sims, live.out, requests)
-        write_results(plan, records)
+            costs = served_costs(plan, load, sims, live.out)
+            served_sims = None
+            if costs is not None:
+                served[load.name] = costs
+                served_sims = {config: simulations.served_summary(config, load.rate, costs) for config in plan.configs}
+            records += live_records(plan, load, sims, live.out, requests, served_sims)
+        write_results(plan, records, served)
         if status not in (0, 1):  # interrupted, the servers' cores differ, or --resume found other settings: stop here
             break
-    print(write_results(plan, records), end="", flush=True)
+    print(write_results(plan, records, served), end="", flush=True)
     progress(f"records: {plan.out / 'records.json'}, table: {plan.out / 'table.md'}")
     return status

@@ -16,6 +16,7 @@ from dataclasses import dataclass, replace
 from typing import Any
 
 from marsched.experiments.twin.configs import twin_policy
+from marsched.experiments.twin.served_costs import with_served_terms
 from marsched.loadgen.options import LoadgenOptions
 from marsched.metrics.records import summarize
 from marsched.sim.profile import Profile, load_profile
@@ -47,10 +48,13 @@ def engine_profile(engine: SimEngine) -> Profile:
 
 
 def simulate(config: str, load: LoadgenOptions, engine: SimEngine, pin_s: float,
-             requests: list[Request]) -> dict[str, Any]:
+             requests: list[Request], served: dict[str, Any] | None = None) -> dict[str, Any]:
     """The simulator's per-task summary for `config` on `load`'s replay, `requests`
-    (`stream.replayed_requests`, built once per load and shared by the configurations)."""
+    (`stream.replayed_requests`, built once per load and shared by the configurations); `served`:
+    the step costs the live servers learned (`served_costs.served_terms`), in place of the profile's."""
     profile = engine_profile(engine)
+    if served is not None:
+        profile = replace(profile, cost=with_served_terms(profile.cost, served))
     if not requests:
         raise ValueError(f"no task arrives at --rate {load.rate:g} in --duration {load.duration_s:g} s")
     policy = twin_policy(config, profile.cost, pin_s, load.seed)

@@ -1,0 +1,73 @@
+"""The step costs the live servers measured, for simulating beside the profile's.
+
+`marsched calibrate` times an engine alone in one process: no API server, no worker process, no
+bench logits processor. A live server steps slower: its scheduler talks to a worker process every
+step, the reply-length processor edits every row's logits, and the API server and the load
+generator share the machine. How much slower depends on the load (the front end's work grows with
+the request rate), so no in-process measurement can stand for it.
+
+Every marsched server learns the cost model's five step terms from its own steps, over the same
+span `calibrate` times (`policy/learned_cost.py`; `/marsched/state` `cost_model`), and its swap rate
+from its copies. At each load the twin takes the median of each learned term over that load's
+marsched runs and simulates every configuration again with them in place of the profile's
+(docs/twin.md, "The servers' step costs"). These are engine constants read from step times, not
+the latencies being predicted. Stock vLLM's servers learn nothing; they are simulated with the
+marsched servers' terms, which include the plugin's own work per step (docs/overhead.md).
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from dataclasses import replace
+from typing import Any
+
+from marsched.policy.cost_model import CostModel, attention_pairs
+from marsched.policy.learned_cost import StepShape
+
+LEARNED = "learned"  # `CostSource.LEARNED`'s value in a server's cost model
+STEP_TERMS = ("seconds_per_iteration", "seconds_per_token", "seconds_per_context_token",
+              "seconds_per_sequence", "seconds_per_attention_pair")
+SWAP_TERM = "swap_tokens_per_s"
+
+# Steps of the kinds the twin's servers run (a chunk within the 4,096-token budget, decode batches of
+# one and eight at the contexts its tasks reach), at which the servers' step time is set against the
+# profile's.
+REFERENCE_STEPS = (
+    StepShape(tokens=1024, context_tokens=1024, sequences=1, attention_pairs=attention_pairs(1024, 0)),
+    StepShape(tokens=4096, context_tokens=4096, sequences=1, attention_pairs=attention_pairs(4096, 0)),
+    StepShape(tokens=1, context_tokens=4096, sequences=1, attention_pairs=attention_pairs(1, 4095)),
+    StepShape(tokens=8, context_tokens=8 * 4096, sequences=8, attention_pairs=8 * attention_pairs(1, 4095)),
+)
+
+
+def served_terms(cost_models: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:
+    """The median of each learned term over the runs' cost models (`RunRecord.cost_model`), with how
+    many runs gave them; None when no run learned its step terms."""
+    learned = [c for c in cost_models if isinstance(c, dict) and c.get("step_source") == LEARNED]
+    if not learned:
+        return None
+    terms: dict[str, Any] = {name: statistics.median(float(c[name]) for c in learned) for name in STEP_TERMS}
+    swaps = [float(c[SWAP_TERM]) for c in learned if c.get("swap_source") == LEARNED]
+    if swaps:
+        terms[SWAP_TERM] = statistics.median(swaps)
+    terms["runs"] = len(learned)
+    terms["swap_runs"] = len(swaps)
+    return terms
+
+
+def with_served_terms(cost: CostModel, terms: dict[str, Any]) -> CostModel:
+    """`cost` with the servers' step terms, and their swap rate where they learned one; its token
+    budget stays (the servers run the same one)."""
+    values = {name: terms[name] for name in STEP_TERMS}
+    if SWAP_TERM in terms:
+        values[SWAP_TERM] = terms[SWAP_TERM]
+    return replace(cost, **values)
+
+
+def step_time_ratio(profile: CostModel, served: CostModel) -> float:
+    """The servers' step time over the profile's, the median over `REFERENCE_STEPS`."""
+    def time(cost: CostModel, step: StepShape) -> float:
+        return cost.iteration_time(step.tokens, step.context_tokens, step.sequences, step.attention_pairs)
+
+    return statistics.median(time(served, step) / time(profile, step) for step in REFERENCE_STEPS)

@@ -1,0 +1,90 @@
+"""The twin at the step costs the live servers learned (`experiments/twin/served_costs.py`): the median
+of the learned terms, the cost model with them, their step time against the profile's, the simulation
+and the table at them."""
+
+from __future__ import annotations
+
+from dataclasses import replace
+
+import pytest
+
+from marsched.experiments.twin.records import Load, TwinRecord, markdown
+from marsched.experiments.twin.served_costs import (
+    REFERENCE_STEPS, STEP_TERMS, served_terms, step_time_ratio, with_served_terms,
+)
+from marsched.experiments.twin.simulate import SimEngine, simulate
+from marsched.experiments.twin.stream import replayed_requests
+from marsched.loadgen.options import CLAUDE_CODE, LoadgenOptions
+from marsched.policy.cost_model import CostModel
+
+PROFILE_COST = CostModel(seconds_per_token=7e-6, seconds_per_iteration=2e-3, token_budget=4096,
+                         swap_tokens_per_s=1e7, seconds_per_context_token=5e-8, seconds_per_sequence=3e-4,
+                         seconds_per_attention_pair=1.4e-8)
+
+
+def _learned(scale: float, step_source: str = "learned", swap_source: str = "learned") -> dict:
+    terms = {name: scale * getattr(PROFILE_COST, name) for name in STEP_TERMS}
+    return terms | {"step_source": step_source, "swap_source": swap_source, "swap_tokens_per_s": scale * 1e6,
+                    "token_budget": 4096, "steps": 500}
+
+
+def test_the_servers_terms_are_the_median_over_the_runs_that_learned_them():
+    terms = served_terms([_learned(1.0), _learned(3.0), _learned(2.0), None,
+                          _learned(100.0, step_source="placeholder", swap_source="placeholder")])
+    assert terms["runs"] == 3
+    for name in STEP_TERMS:
+        assert terms[name] == pytest.approx(2.0 * getattr(PROFILE_COST, name))
+    assert terms["swap_tokens_per_s"] == pytest.approx(2e6) and terms["swap_runs"] == 3
+
+
+def test_a_swap_rate_is_taken_only_from_runs_that_learned_one():
+    terms = served_terms([_learned(1.0, swap_source="placeholder"), _learned(2.0, swap_source="placeholder")])
+    assert "swap_tokens_per_s" not in terms and terms["swap_runs"] == 0
+    assert with_served_terms(PROFILE_COST, terms).swap_tokens_per_s == PROFILE_COST.swap_tokens_per_s
+
+
+def test_no_learned_run_gives_no_terms():
+    assert served_terms([]) is None
+    assert served_terms([None, _learned(2.0, step_source="placeholder"), _learned(2.0, step_source="profile")]) is None
+
+
+def test_the_cost_model_takes_the_servers_terms_and_keeps_its_budget():
+    served = with_served_terms(PROFILE_COST, served_terms([_learned(2.0)]))
+    assert served.seconds_per_sequence == pytest.approx(6e-4) and served.seconds_per_iteration == pytest.approx(4e-3)
+    assert served.swap_tokens_per_s == pytest.approx(2e6)
+    assert served.token_budget == PROFILE_COST.token_budget
+
+
+def test_the_step_time_ratio_is_the_servers_over_the_profiles_at_the_reference_steps():
+    assert step_time_ratio(PROFILE_COST, with_served_terms(PROFILE_COST, served_terms([_learned(2.0)]))) == pytest.approx(2.0)
+    assert step_time_ratio(PROFILE_COST, PROFILE_COST) == pytest.approx(1.0)
+    # Only the per-sequence term slower: decode batches of eight feel it most, one long chunk least.
+    slower = replace(PROFILE_COST, seconds_per_sequence=10 * PROFILE_COST.seconds_per_sequence)
+    ratio = step_time_ratio(PROFILE_COST, slower)
+    assert 1.0 < ratio < 10.0
+    assert {step.sequences for step in REFERENCE_STEPS} == {1, 8}
+
+
+def test_the_simulator_at_slower_step_costs_predicts_slower_tasks():
+    load = LoadgenOptions("http://127.0.0.1:1", CLAUDE_CODE, None, 0.5, 20.0, 3, 0.1, 2.0, 0.01, 3)
+    engine = SimEngine("results/twin/profile.json", 257, 64, 4096)
+    requests = replayed_requests(load)
+    at_profile = simulate("mars", load, engine, 1.0, requests)
+    fast = simulate("mars", load, engine, 1.0, requests, served_terms([_learned(1.0)]))
+    slow = simulate("mars", load, engine, 1.0, requests, served_terms([_learned(50.0)]))
+    assert fast["e2e_mean_s"] < slow["e2e_mean_s"]
+    assert at_profile["num_finished"] == slow["num_finished"] == len(requests)
+
+
+def test_the_table_adds_the_comparison_at_the_servers_step_costs_where_they_learned_them():
+    queueing = Load("queueing", 1.0)
+    records = [TwinRecord("mars", queueing, 1, {"e2e_mean_s": 10.0, "e2e_p99_s": 20.0},
+                          {"e2e_mean_s": 13.0, "e2e_p99_s": 26.0}, None, {"e2e_mean_s": 12.5, "e2e_p99_s": 25.0})]
+    served = {"queueing": {"step_time_ratio": 1.57, "runs": 3}}
+    table = markdown(records, served)
+    assert "| mars | 10.00 | 13.00 | 1.30 ✗ |" in table
+    assert "#### queueing, simulated at the servers' step costs (1.57× the profile's step time; median of 3 runs" in table
+    assert "| mars | 12.50 | 13.00 | 1.04 ✓ |" in table
+    assert "servers' step costs" not in markdown(records)  # no terms, no second table
+    bare = [replace(records[0], sim_served=None)]
+    assert "servers' step costs" not in markdown(bare, served)
