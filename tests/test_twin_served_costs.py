@@ -4,6 +4,7 @@ and the table at them."""
 
 from __future__ import annotations
 
+import json
 from dataclasses import replace
 
 import pytest
@@ -12,7 +13,7 @@ from marsched.experiments.twin.records import Load, TwinRecord, markdown
 from marsched.experiments.twin.served_costs import (
     REFERENCE_STEPS, STEP_TERMS, served_terms, step_time_ratio, with_served_terms,
 )
-from marsched.experiments.twin.simulate import SimEngine, simulate
+from marsched.experiments.twin.simulate import SimEngine, engine_profile, simulate
 from marsched.experiments.twin.stream import replayed_requests
 from marsched.loadgen.options import CLAUDE_CODE, LoadgenOptions
 from marsched.policy.cost_model import CostModel
@@ -88,3 +89,34 @@ def test_the_table_adds_the_comparison_at_the_servers_step_costs_where_they_lear
     assert "servers' step costs" not in markdown(records)  # no terms, no second table
     bare = [replace(records[0], sim_served=None)]
     assert "servers' step costs" not in markdown(bare, served)
+
+
+def _run_file(folder, config: str, repeat: int, cost_model: dict | None, measured: bool = True) -> None:
+    from marsched.experiments.http_bench.records import RunRecord
+
+    run = folder / "runs" / f"{config}-r{repeat}"
+    run.mkdir(parents=True)
+    record = RunRecord(config, repeat, loadgen=str(run / "loadgen.json") if measured else None, cost_model=cost_model)
+    (run / "run.json").write_text(json.dumps(record.to_dict()))
+
+
+def test_a_loads_step_costs_are_read_from_its_measured_marsched_runs(tmp_path, capsys):
+    from marsched.experiments.twin import __main__ as twin_cli
+    from marsched.experiments.twin.run import servers_step_costs
+
+    argv = ["--model", "m", "--profile", "results/twin/profile.json", "--out", str(tmp_path), "--repeats", "2"]
+    plan = twin_cli.plan_of(twin_cli.parse(argv))
+    profile_cost = engine_profile(plan.sim_engine).cost
+    sims = {"mars": {}, "vllm-stock": {}, "infercept": {}}
+    learned = {name: 2.0 * getattr(profile_cost, name) for name in STEP_TERMS}
+    _run_file(tmp_path, "mars", 1, learned | {"step_source": "learned", "swap_source": "placeholder"})
+    _run_file(tmp_path, "infercept", 1, {n: 100 * v for n, v in learned.items()} | {"step_source": "learned"},
+              measured=False)  # a run that did not measure counts nothing
+    _run_file(tmp_path, "mars", 3, {n: 100 * v for n, v in learned.items()} | {"step_source": "learned"})  # past --repeats
+    _run_file(tmp_path, "vllm-stock", 1, None)
+    costs = servers_step_costs(plan, Load("queueing", 1.0), sims, tmp_path)
+    assert costs["runs"] == 1 and costs["step_time_ratio"] == pytest.approx(2.0)
+    err = capsys.readouterr().err
+    assert "the servers' steps took 2.00x the profile's" in err and "WARNING" in err
+    (tmp_path / "runs" / "mars-r1" / "run.json").unlink()
+    assert servers_step_costs(plan, Load("queueing", 1.0), sims, tmp_path) is None

@@ -58,6 +58,15 @@ VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/mo
 # Then the simulator kept only a turn's full blocks for its follow-up, as the server does: the same two
 # commands again re-simulated both loads and kept every live run (records.json and table.md are the
 # re-simulated ones; each load's summary.json is the live comparison as measured).
+# The eighth run, on a second machine (2026-12-07): a prefill token took 1/16 of the first machine's time,
+# so the first profile did not describe it. Calibrated here, then the loads picked by the simulator
+# (light 0.8, queueing 4 tasks/s; the grid now reaches 5 tasks/s), one live repeat of every configuration,
+# and the table again at the step costs the marsched servers learned:
+VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/model --out results/twin/run8/profile.json \
+    --name twin-tiny-32k-cpu --kv-cache-gb 1 --prefill-tokens 256,1024,4096,8192,16384 --decode-batches 1,8,32 \
+    --decode-contexts 1024,8192 --repeats 3 --force
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run8/profile.json \
+    --out results/twin/run8 --repeats 1
 # The full comparison from nothing: three interleaved repeats (about three hours on two cores).
 # .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
 #     --out results/twin/run3-full

@@ -27,11 +27,9 @@ from marsched.experiments.twin.stream import replayed_requests
 from marsched.loadgen.options import LoadgenOptions
 from marsched.workload.model import Request
 
-USAGE_EXIT = 2  # as a bad flag: the grid has no load of a kind the twin needs
-STEP_TOLERANCE = 0.15  # the servers' step time this far from the profile's: the profile is not this machine's
-
-
 PROMPT_TOLERANCE = 0.05  # live prompt tokens against the simulated contexts
+STEP_TOLERANCE = 0.15  # the servers' step time against the profile's
+USAGE_EXIT = 2  # as a bad flag: the grid has no load of a kind the twin needs
 
 
 def progress(message: str) -> None:
@@ -114,7 +112,7 @@ def load_runs(plan: TwinPlan, sims: dict[str, dict[str, Any]], folder: Path) -> 
     return runs
 
 
-def served_costs(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], folder: Path) -> dict[str, Any] | None:
+def servers_step_costs(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], folder: Path) -> dict[str, Any] | None:
     """The step costs this load's marsched servers learned (`served_costs.served_terms`), with their step time
     over the profile's; None when none learned them (stock vLLM only, or runs from before they were kept)."""
     served = served_terms(run.cost_model for run in load_runs(plan, sims, folder) if run.measured)
@@ -125,8 +123,8 @@ def served_costs(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], fo
     progress(f"[{load.name}] the servers' steps took {ratio:.2f}x the profile's (median of {served['runs']} "
              "marsched runs' learned terms); simulating again with them")
     if abs(ratio - 1) > STEP_TOLERANCE:
-        progress(f"[{load.name}] WARNING: the profile's steps are not this server's: calibrate on this machine, and "
-                 "read the comparison at the servers' step costs (docs/twin.md)")
+        progress(f"[{load.name}] WARNING: the profile's steps are not the servers': it was measured on another machine, "
+                 "or of the engine alone (docs/twin.md, \"The servers' step costs\")")
     return served | {"step_time_ratio": ratio}
 
 
@@ -198,7 +196,7 @@ def run_twin(plan: TwinPlan) -> int:
         else:
             live = live_plan(plan, load, workload)
             status = max(status, run_plan(live))
-            costs = served_costs(plan, load, sims, live.out)
+            costs = servers_step_costs(plan, load, sims, live.out)
             served_sims = None
             if costs is not None:
                 served[load.name] = costs
