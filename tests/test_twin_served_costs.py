@@ -11,7 +11,7 @@ import pytest
 
 from marsched.experiments.twin.records import Load, TwinRecord, markdown
 from marsched.experiments.twin.served_costs import (
-    REFERENCE_STEPS, STEP_TERMS, served_terms, step_time_ratio, with_served_terms,
+    REFERENCE_STEPS, STEP_TERMS, costs_by_config, served_terms, step_time_ratio, with_served_terms,
 )
 from marsched.experiments.twin.simulate import SimEngine, engine_profile, simulate
 from marsched.experiments.twin.stream import replayed_requests
@@ -49,6 +49,20 @@ def test_no_learned_run_gives_no_terms():
     assert served_terms([None, _learned(2.0, step_source="placeholder"), _learned(2.0, step_source="profile")]) is None
 
 
+def test_each_configuration_takes_its_own_runs_terms_and_stock_vllm_the_median_of_all():
+    runs = [("mars", _learned(1.0)), ("mars", _learned(3.0)), ("infercept", _learned(4.0)), ("vllm-stock", None),
+            ("autellix", _learned(9.0, step_source="placeholder"))]
+    costs = costs_by_config(runs, ["mars", "infercept", "vllm-stock", "autellix"])
+    seq = PROFILE_COST.seconds_per_sequence
+    assert costs["mars"]["seconds_per_sequence"] == pytest.approx(2.0 * seq) and costs["mars"]["runs"] == 2
+    assert costs["infercept"]["seconds_per_sequence"] == pytest.approx(4.0 * seq)
+    assert costs["mars"]["from_own_runs"] and costs["infercept"]["from_own_runs"]
+    for stock in ("vllm-stock", "autellix"):  # nothing learned of its own: the median of the three that learned
+        assert costs[stock]["seconds_per_sequence"] == pytest.approx(3.0 * seq) and costs[stock]["runs"] == 3
+        assert not costs[stock]["from_own_runs"]
+    assert costs_by_config([("vllm-stock", None)], ["vllm-stock"]) is None
+
+
 def test_the_cost_model_takes_the_servers_terms_and_keeps_its_budget():
     served = with_served_terms(PROFILE_COST, served_terms([_learned(2.0)]))
     assert served.seconds_per_sequence == pytest.approx(6e-4) and served.seconds_per_iteration == pytest.approx(4e-3)
@@ -81,10 +95,10 @@ def test_the_table_adds_the_comparison_at_the_servers_step_costs_where_they_lear
     queueing = Load("queueing", 1.0)
     records = [TwinRecord("mars", queueing, 1, {"e2e_mean_s": 10.0, "e2e_p99_s": 20.0},
                           {"e2e_mean_s": 13.0, "e2e_p99_s": 26.0}, None, {"e2e_mean_s": 12.5, "e2e_p99_s": 25.0})]
-    served = {"queueing": {"step_time_ratio": 1.57, "runs": 3}}
+    served = {"queueing": {"mars": {"step_time_ratio": 1.57}, "vllm-stock": {"step_time_ratio": 1.42}}}
     table = markdown(records, served)
     assert "| mars | 10.00 | 13.00 | 1.30 ✗ |" in table
-    assert "#### queueing, simulated at the servers' step costs (1.57× the profile's step time; median of 3 runs" in table
+    assert "#### queueing, simulated at the servers' step costs (" in table and "1.42–1.57× the profile's step time)" in table
     assert "| mars | 12.50 | 13.00 | 1.04 ✓ |" in table
     assert "servers' step costs" not in markdown(records)  # no terms, no second table
     bare = [replace(records[0], sim_served=None)]
@@ -115,8 +129,11 @@ def test_a_loads_step_costs_are_read_from_its_measured_marsched_runs(tmp_path, c
     _run_file(tmp_path, "mars", 3, {n: 100 * v for n, v in learned.items()} | {"step_source": "learned"})  # past --repeats
     _run_file(tmp_path, "vllm-stock", 1, None)
     costs = servers_step_costs(plan, Load("queueing", 1.0), sims, tmp_path)
-    assert costs["runs"] == 1 and costs["step_time_ratio"] == pytest.approx(2.0)
+    assert set(costs) == set(plan.configs)
+    for config in ("mars", "vllm-stock", "infercept"):  # mars its own; the others, none of their own, the same
+        assert costs[config]["runs"] == 1 and costs[config]["step_time_ratio"] == pytest.approx(2.0)
+    assert costs["mars"]["from_own_runs"] and not costs["infercept"]["from_own_runs"]
     err = capsys.readouterr().err
-    assert "the servers' steps took 2.00x the profile's" in err and "WARNING" in err
+    assert "the servers' steps took 2.00-2.00x the profile's" in err and "WARNING" in err
     (tmp_path / "runs" / "mars-r1" / "run.json").unlink()
     assert servers_step_costs(plan, Load("queueing", 1.0), sims, tmp_path) is None

@@ -7,7 +7,7 @@ A record (`results/twin/*/records.json`, schema `marsched.twin/1`):
 (a task is one conversation of `marsched loadgen`, one request of the simulator). `live` is null
 for a run that did not measure (its `error` says why) and for a ``--sim-only`` run. `sim_served`,
 where the load's marsched servers learned their step costs, is `sim` at those costs
-(`served_costs.py`); records.json's `served_costs` holds them per load.
+(`served_costs.py`); records.json's `served_costs` holds them per load and configuration.
 """
 
 from __future__ import annotations
@@ -167,10 +167,10 @@ def _table(heading: str, load_rows: Sequence[Row]) -> list[str]:
     return lines + [""]
 
 
-def markdown(records: Sequence[TwinRecord], served: dict[str, dict[str, Any]] | None = None) -> str:
+def markdown(records: Sequence[TwinRecord], served: dict[str, dict[str, dict[str, Any]]] | None = None) -> str:
     """Per load: each configuration's simulated and live mean and p99 per task, live as the median
     over repeats (min–max), and live ÷ sim (✓ within 15%); then, where the servers learned their step
-    costs (`served`: load -> `served_costs` terms), the same with the simulator at those costs."""
+    costs (`served`: load -> configuration -> `served_costs` terms), the same with the simulator at those costs."""
     table, served_table = rows(records), rows(records, "sim_served")
     lines = []
     for load in dict.fromkeys(row.load for row in table):
@@ -178,7 +178,9 @@ def markdown(records: Sequence[TwinRecord], served: dict[str, dict[str, Any]] | 
         lines += _table(f"### {load}: {rate:g} tasks/s", [row for row in table if row.load == load])
         load_served = [row for row in served_table if row.load == load]
         costs = (served or {}).get(load)
-        if load_served and costs is not None:
-            lines += _table(f"#### {load}, simulated at the servers' step costs ({costs['step_time_ratio']:.2f}× the "
-                            f"profile's step time; median of {costs['runs']} runs' learned terms)", load_served)
+        if load_served and costs:
+            ratios = [terms["step_time_ratio"] for terms in costs.values()]
+            lines += _table(f"#### {load}, simulated at the servers' step costs (each configuration's own, stock vLLM's "
+                            f"the marsched servers' median: {min(ratios):.2f}–{max(ratios):.2f}× the profile's step time)",
+                            load_served)
     return "\n".join(lines).rstrip() + "\n"

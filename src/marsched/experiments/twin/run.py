@@ -21,7 +21,7 @@ from marsched.experiments.http_bench.records import RunRecord
 from marsched.experiments.http_bench.run import RESUME_MISMATCH_EXIT, Plan, check_resumable, run_plan
 from marsched.experiments.twin.loads import pick_loads, relative_slowdowns, sweep
 from marsched.experiments.twin.records import SCHEMA, Load, TwinRecord, live_numbers, markdown
-from marsched.experiments.twin.served_costs import served_terms, step_time_ratio, with_served_terms
+from marsched.experiments.twin.served_costs import costs_by_config, step_time_ratio, with_served_terms
 from marsched.experiments.twin.simulate import SimEngine, engine_profile, simulate
 from marsched.experiments.twin.stream import replayed_requests
 from marsched.loadgen.options import LoadgenOptions
@@ -112,20 +112,25 @@ def load_runs(plan: TwinPlan, sims: dict[str, dict[str, Any]], folder: Path) -> 
     return runs
 
 
-def servers_step_costs(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], folder: Path) -> dict[str, Any] | None:
-    """The step costs this load's marsched servers learned (`served_costs.served_terms`), with their step time
-    over the profile's; None when none learned them (stock vLLM only, or runs from before they were kept)."""
-    served = served_terms(run.cost_model for run in load_runs(plan, sims, folder) if run.measured)
-    if served is None:
+def servers_step_costs(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]],
+                       folder: Path) -> dict[str, dict[str, Any]] | None:
+    """Per configuration, the step costs this load's marsched servers learned (`served_costs.costs_by_config`),
+    each with its step time over the profile's; None when none learned them (stock vLLM only, or runs from
+    before they were kept)."""
+    runs = [(run.config, run.cost_model) for run in load_runs(plan, sims, folder) if run.measured]
+    costs = costs_by_config(runs, plan.configs)
+    if costs is None:
         return None
     profile_cost = engine_profile(plan.sim_engine).cost
-    ratio = step_time_ratio(profile_cost, with_served_terms(profile_cost, served))
-    progress(f"[{load.name}] the servers' steps took {ratio:.2f}x the profile's (median of {served['runs']} "
-             "marsched runs' learned terms); simulating again with them")
-    if abs(ratio - 1) > STEP_TOLERANCE:
+    for terms in costs.values():
+        terms["step_time_ratio"] = step_time_ratio(profile_cost, with_served_terms(profile_cost, terms))
+    ratios = [terms["step_time_ratio"] for terms in costs.values()]
+    progress(f"[{load.name}] the servers' steps took {min(ratios):.2f}-{max(ratios):.2f}x the profile's "
+             "(each configuration's learned terms); simulating again with them")
+    if any(abs(ratio - 1) > STEP_TOLERANCE for ratio in ratios):
         progress(f"[{load.name}] WARNING: the profile's steps are not the servers': it was measured on another machine, "
                  "or of the engine alone (docs/twin.md, \"The servers' step costs\")")
-    return served | {"step_time_ratio": ratio}
+    return costs
 
 
 def live_records(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], folder: Path,
@@ -148,8 +153,9 @@ def live_records(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], fo
     return sorted(records, key=lambda r: (plan.configs.index(r.config), r.repeat))
 
 
-def write_results(plan: TwinPlan, records: list[TwinRecord], served: dict[str, dict[str, Any]] | None = None) -> str:
-    """records.json and table.md; `served`: per load, the servers' step costs (`served_costs`)."""
+def write_results(plan: TwinPlan, records: list[TwinRecord],
+                  served: dict[str, dict[str, dict[str, Any]]] | None = None) -> str:
+    """records.json and table.md; `served`: per load and configuration, the servers' step costs (`servers_step_costs`)."""
     text = markdown(records, served or {})
     plan.out.mkdir(parents=True, exist_ok=True)
     payload = {"schema": SCHEMA, "settings": plan.settings(), "records": [r.to_dict() for r in records],
@@ -170,7 +176,7 @@ def run_twin(plan: TwinPlan) -> int:
     """Simulate, then run live, load by load; the exit status of the live runs (0: all measured)."""
     status = 0
     records: list[TwinRecord] = []
-    served: dict[str, dict[str, Any]] = {}  # load -> the step costs its servers learned
+    served: dict[str, dict[str, dict[str, Any]]] = {}  # load -> configuration -> the step costs its servers learned
     simulations = Simulations(plan)
     if plan.resume and not plan.sim_only and plan.loads is not None:
         try:  # before minutes of simulation: runs of other settings stop it as they would later
@@ -200,7 +206,8 @@ def run_twin(plan: TwinPlan) -> int:
             served_sims = None
             if costs is not None:
                 served[load.name] = costs
-                served_sims = {config: simulations.served_summary(config, load.rate, costs) for config in plan.configs}
+                served_sims = {config: simulations.served_summary(config, load.rate, costs[config])
+                               for config in plan.configs}
             records += live_records(plan, load, sims, live.out, requests, served_sims)
         write_results(plan, records, served)
         if status not in (0, 1):  # interrupted, the servers' cores differ, or --resume found other settings: stop here

@@ -8,11 +8,12 @@ the request rate), so no in-process measurement can stand for it.
 
 Every marsched server learns the cost model's five step terms from its own steps, over the same
 span `calibrate` times (`policy/learned_cost.py`; `/marsched/state` `cost_model`), and its swap rate
-from its copies. At each load the twin takes the median of each learned term over that load's
-marsched runs and simulates every configuration again with them in place of the profile's
-(docs/twin.md, "The servers' step costs"). These are engine constants read from step times, not
-the latencies being predicted. Stock vLLM's servers learn nothing; they are simulated with the
-marsched servers' terms, which include the plugin's own work per step (docs/overhead.md).
+from its copies. The policies' own work per step differs too (INFERCEPT's servers learned twice
+MARS's time per sequence), so at each load the twin simulates every configuration again at the
+median of each term over that configuration's own runs (docs/twin.md, "The servers' step costs").
+These are engine constants read from step times, not the latencies being predicted. Stock vLLM's
+servers learn nothing; they are simulated at the median over every marsched run of the load, which
+includes the plugin's own work per step (docs/overhead.md).
 """
 
 from __future__ import annotations
@@ -54,6 +55,22 @@ def served_terms(cost_models: Iterable[dict[str, Any] | None]) -> dict[str, Any]
     terms["runs"] = len(learned)
     terms["swap_runs"] = len(swaps)
     return terms
+
+
+def costs_by_config(runs: Iterable[tuple[str, dict[str, Any] | None]],
+                    configs: Iterable[str]) -> dict[str, dict[str, Any]] | None:
+    """Per configuration, `served_terms` of its own runs' cost models (`runs`: (configuration, cost model)),
+    marked `from_own_runs`; one whose runs learned none (stock vLLM) takes the median over every run that
+    did. None when no run learned its step terms."""
+    runs = list(runs)
+    pooled = served_terms(cost for _, cost in runs)
+    if pooled is None:
+        return None
+    costs = {}
+    for config in configs:
+        own = served_terms(cost for name, cost in runs if name == config)
+        costs[config] = (own or pooled) | {"from_own_runs": own is not None}
+    return costs
 
 
 def with_served_terms(cost: CostModel, terms: dict[str, Any]) -> CostModel:
