@@ -49,17 +49,21 @@ def test_no_learned_run_gives_no_terms():
     assert served_terms([None, _learned(2.0, step_source="placeholder"), _learned(2.0, step_source="profile")]) is None
 
 
-def test_each_configuration_takes_its_own_runs_terms_and_stock_vllm_the_median_of_all():
-    runs = [("mars", _learned(1.0)), ("mars", _learned(3.0)), ("infercept", _learned(4.0)), ("vllm-stock", None),
-            ("autellix", _learned(9.0, step_source="placeholder"))]
-    costs = costs_by_config(runs, ["mars", "infercept", "vllm-stock", "autellix"])
+def test_each_configuration_takes_its_own_runs_terms_and_stock_vllm_the_vllm_policys():
+    runs = [("mars", _learned(1.0)), ("mars", _learned(3.0)), ("infercept", _learned(4.0)), ("vllm", _learned(5.0)),
+            ("vllm-stock", None), ("autellix", _learned(9.0, step_source="placeholder"))]
+    costs = costs_by_config(runs, ["mars", "infercept", "vllm-stock", "vllm-stock-host", "autellix"])
     seq = PROFILE_COST.seconds_per_sequence
     assert costs["mars"]["seconds_per_sequence"] == pytest.approx(2.0 * seq) and costs["mars"]["runs"] == 2
     assert costs["infercept"]["seconds_per_sequence"] == pytest.approx(4.0 * seq)
-    assert costs["mars"]["from_own_runs"] and costs["infercept"]["from_own_runs"]
-    for stock in ("vllm-stock", "autellix"):  # nothing learned of its own: the median of the three that learned
-        assert costs[stock]["seconds_per_sequence"] == pytest.approx(3.0 * seq) and costs[stock]["runs"] == 3
-        assert not costs[stock]["from_own_runs"]
+    assert costs["mars"]["from_runs_of"] == "mars" and costs["infercept"]["from_runs_of"] == "infercept"
+    for stock in ("vllm-stock", "vllm-stock-host"):  # the marsched server closest to stock vLLM stands in
+        assert costs[stock]["seconds_per_sequence"] == pytest.approx(5.0 * seq) and costs[stock]["from_runs_of"] == "vllm"
+    # Nothing of its own and no stand-in: the median of the four runs that learned.
+    assert costs["autellix"]["seconds_per_sequence"] == pytest.approx(3.5 * seq) and costs["autellix"]["runs"] == 4
+    assert costs["autellix"]["from_runs_of"] == "all"
+    without_vllm = costs_by_config(runs[:3], ["vllm-stock"])
+    assert without_vllm["vllm-stock"]["from_runs_of"] == "all" and without_vllm["vllm-stock"]["runs"] == 3
     assert costs_by_config([("vllm-stock", None)], ["vllm-stock"]) is None
 
 
@@ -95,10 +99,12 @@ def test_the_table_adds_the_comparison_at_the_servers_step_costs_where_they_lear
     queueing = Load("queueing", 1.0)
     records = [TwinRecord("mars", queueing, 1, {"e2e_mean_s": 10.0, "e2e_p99_s": 20.0},
                           {"e2e_mean_s": 13.0, "e2e_p99_s": 26.0}, None, {"e2e_mean_s": 12.5, "e2e_p99_s": 25.0})]
-    served = {"queueing": {"mars": {"step_time_ratio": 1.57}, "vllm-stock": {"step_time_ratio": 1.42}}}
+    served = {"queueing": {"mars": {"step_time_ratio": 1.57, "from_runs_of": "mars"},
+                           "vllm-stock": {"step_time_ratio": 1.42, "from_runs_of": "vllm"}}}
     table = markdown(records, served)
     assert "| mars | 10.00 | 13.00 | 1.30 ✗ |" in table
-    assert "#### queueing, simulated at the servers' step costs (" in table and "1.42–1.57× the profile's step time)" in table
+    assert ("#### queueing, simulated at the servers' step costs (1.42–1.57× the profile's step time; each "
+            "configuration's own runs', vllm-stock's from vllm's)") in table
     assert "| mars | 12.50 | 13.00 | 1.04 ✓ |" in table
     assert "servers' step costs" not in markdown(records)  # no terms, no second table
     bare = [replace(records[0], sim_served=None)]
@@ -132,7 +138,7 @@ def test_a_loads_step_costs_are_read_from_its_measured_marsched_runs(tmp_path, c
     assert set(costs) == set(plan.configs)
     for config in ("mars", "vllm-stock", "infercept"):  # mars its own; the others, none of their own, the same
         assert costs[config]["runs"] == 1 and costs[config]["step_time_ratio"] == pytest.approx(2.0)
-    assert costs["mars"]["from_own_runs"] and not costs["infercept"]["from_own_runs"]
+    assert costs["mars"]["from_runs_of"] == "mars" and costs["infercept"]["from_runs_of"] == "all"
     err = capsys.readouterr().err
     assert "the servers' steps took 2.00-2.00x the profile's" in err and "WARNING" in err
     (tmp_path / "runs" / "mars-r1" / "run.json").unlink()

@@ -70,3 +70,9 @@ VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/mo
 # The full comparison from nothing: three interleaved repeats (about three hours on two cores).
 # .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/profile.json \
 #     --out results/twin/run3-full
+# Three repeats of the three lowest at the queueing load (host tier, INFERCEPT, MARS): run8's runs of them
+# copied in (paths in run.json rewritten), then the rest run:
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run8/profile.json \
+    --out results/twin/run8-more --repeats 3 --loads queueing:4 --configs vllm-stock-host,infercept,mars --resume
+# Both tables were then made again with --resume (no run left to measure) after the servers' step costs
+# became each configuration's own (stock vLLM's those of --policy vllm).

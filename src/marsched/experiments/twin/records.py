@@ -167,6 +167,10 @@ def _table(heading: str, load_rows: Sequence[Row]) -> list[str]:
     return lines + [""]
 
 
+def _runs_of(source: str) -> str:
+    return "every marsched run's" if source == "all" else f"{source}'s"
+
+
 def markdown(records: Sequence[TwinRecord], served: dict[str, dict[str, dict[str, Any]]] | None = None) -> str:
     """Per load: each configuration's simulated and live mean and p99 per task, live as the median
     over repeats (min–max), and live ÷ sim (✓ within 15%); then, where the servers learned their step
@@ -180,7 +184,9 @@ def markdown(records: Sequence[TwinRecord], served: dict[str, dict[str, dict[str
         costs = (served or {}).get(load)
         if load_served and costs:
             ratios = [terms["step_time_ratio"] for terms in costs.values()]
-            lines += _table(f"#### {load}, simulated at the servers' step costs (each configuration's own, stock vLLM's "
-                            f"the marsched servers' median: {min(ratios):.2f}–{max(ratios):.2f}× the profile's step time)",
-                            load_served)
+            stand_ins = "; ".join(f"{config}'s from {_runs_of(terms['from_runs_of'])}" for config, terms in costs.items()
+                                  if terms.get("from_runs_of") not in (None, config))
+            lines += _table(f"#### {load}, simulated at the servers' step costs ({min(ratios):.2f}–{max(ratios):.2f}× the "
+                            f"profile's step time; each configuration's own runs'" + (f", {stand_ins}" if stand_ins else "")
+                            + ")", load_served)
     return "\n".join(lines).rstrip() + "\n"

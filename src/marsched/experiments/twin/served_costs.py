@@ -12,8 +12,9 @@ from its copies. The policies' own work per step differs too (INFERCEPT's server
 MARS's time per sequence), so at each load the twin simulates every configuration again at the
 median of each term over that configuration's own runs (docs/twin.md, "The servers' step costs").
 These are engine constants read from step times, not the latencies being predicted. Stock vLLM's
-servers learn nothing; they are simulated at the median over every marsched run of the load, which
-includes the plugin's own work per step (docs/overhead.md).
+servers learn nothing; they are simulated at the terms of the marsched server closest to them,
+`--policy vllm` (vLLM's order, the plugin's bookkeeping: about 0.3 ms a step more than stock,
+docs/overhead.md), or, where the load ran none, at the median over every marsched run of the load.
 """
 
 from __future__ import annotations
@@ -30,6 +31,8 @@ LEARNED = "learned"  # `CostSource.LEARNED`'s value in a server's cost model
 STEP_TERMS = ("seconds_per_iteration", "seconds_per_token", "seconds_per_context_token",
               "seconds_per_sequence", "seconds_per_attention_pair")
 SWAP_TERM = "swap_tokens_per_s"
+# Configurations whose servers learn nothing, and the marsched configuration whose terms stand in for theirs.
+STAND_IN = {"vllm-stock": "vllm", "vllm-stock-host": "vllm"}
 
 # Steps of the kinds the twin's servers run (a chunk within the 4,096-token budget, decode batches of
 # one and eight at the contexts its tasks reach), at which the servers' step time is set against the
@@ -60,16 +63,21 @@ def served_terms(cost_models: Iterable[dict[str, Any] | None]) -> dict[str, Any]
 def costs_by_config(runs: Iterable[tuple[str, dict[str, Any] | None]],
                     configs: Iterable[str]) -> dict[str, dict[str, Any]] | None:
     """Per configuration, `served_terms` of its own runs' cost models (`runs`: (configuration, cost model)),
-    marked `from_own_runs`; one whose runs learned none (stock vLLM) takes the median over every run that
-    did. None when no run learned its step terms."""
+    with `from_runs_of` naming whose runs gave them: its own; else its `STAND_IN`'s; else every run
+    that learned them (`all`). None when no run learned its step terms."""
     runs = list(runs)
     pooled = served_terms(cost for _, cost in runs)
     if pooled is None:
         return None
+
+    def of(config: str) -> dict[str, Any] | None:
+        return served_terms(cost for name, cost in runs if name == config)
+
     costs = {}
     for config in configs:
-        own = served_terms(cost for name, cost in runs if name == config)
-        costs[config] = (own or pooled) | {"from_own_runs": own is not None}
+        sources = [config] + ([STAND_IN[config]] if config in STAND_IN else [])
+        source, terms = next(((name, terms) for name in sources if (terms := of(name)) is not None), ("all", pooled))
+        costs[config] = terms | {"from_runs_of": source}
     return costs
 
 
