@@ -25,9 +25,9 @@ from dataclasses import replace
 from typing import Any
 
 from marsched.policy.cost_model import CostModel, attention_pairs
-from marsched.policy.learned_cost import StepShape
+from marsched.policy.learned_cost import CostSource, StepShape
 
-LEARNED = "learned"  # `CostSource.LEARNED`'s value in a server's cost model
+LEARNED = CostSource.LEARNED.value  # a term's source in a server's cost model (`LearnedCost.snapshot`)
 STEP_TERMS = ("seconds_per_iteration", "seconds_per_token", "seconds_per_context_token",
               "seconds_per_sequence", "seconds_per_attention_pair")
 SWAP_TERM = "swap_tokens_per_s"
