@@ -122,7 +122,7 @@ def _run_file(folder, config: str, repeat: int, cost_model: dict | None, measure
 
 def test_a_loads_step_costs_are_read_from_its_measured_marsched_runs(tmp_path, capsys):
     from marsched.experiments.twin import __main__ as twin_cli
-    from marsched.experiments.twin.run import servers_step_costs
+    from marsched.experiments.twin.run import load_runs, servers_step_costs
 
     argv = ["--model", "m", "--profile", "results/twin/profile.json", "--out", str(tmp_path), "--repeats", "2"]
     plan = twin_cli.plan_of(twin_cli.parse(argv))
@@ -134,7 +134,7 @@ def test_a_loads_step_costs_are_read_from_its_measured_marsched_runs(tmp_path, c
               measured=False)  # a run that did not measure counts nothing
     _run_file(tmp_path, "mars", 3, {n: 100 * v for n, v in learned.items()} | {"step_source": "learned"})  # past --repeats
     _run_file(tmp_path, "vllm-stock", 1, None)
-    costs = servers_step_costs(plan, Load("queueing", 1.0), sims, tmp_path)
+    costs = servers_step_costs(plan, Load("queueing", 1.0), load_runs(plan, sims, tmp_path))
     assert set(costs) == set(plan.configs)
     for config in ("mars", "vllm-stock", "infercept"):  # mars its own; the others, none of their own, the same
         assert costs[config]["runs"] == 1 and costs[config]["step_time_ratio"] == pytest.approx(2.0)
@@ -142,4 +142,4 @@ def test_a_loads_step_costs_are_read_from_its_measured_marsched_runs(tmp_path, c
     err = capsys.readouterr().err
     assert "the servers' steps took 2.00-2.00x the profile's" in err and "WARNING" in err
     (tmp_path / "runs" / "mars-r1" / "run.json").unlink()
-    assert servers_step_costs(plan, Load("queueing", 1.0), sims, tmp_path) is None
+    assert servers_step_costs(plan, Load("queueing", 1.0), load_runs(plan, sims, tmp_path)) is None

@@ -150,30 +150,30 @@ def tail(path: Path, lines: int = 25) -> str:
         return ""
 
 
-def server_cost_model(url: str) -> dict[str, Any] | None:
-    """The cost model a marsched server decides with, from /marsched/state (its first rank's under data
-    parallelism): the step-time terms it learned from its own steps and their source; None for a server
-    without that page (stock vLLM) or one that answered nothing."""
+def marsched_ranks(url: str) -> list[dict[str, Any]] | None:
+    """/marsched/state as one state per rank (one without data parallelism); None for a server without
+    that page (stock vLLM) or one that answered nothing."""
     state = get(f"{url}/marsched/state")
     if state is None:
         return None
-    try:
-        answer = json.loads(state)
-    except ValueError:
-        return None
-    ranks = answer.get("ranks") or [answer]
-    cost = (ranks[0].get("scheduler") or {}).get("cost_model")
+    answer = json.loads(state)
+    return answer.get("ranks") or [answer]
+
+
+def cost_model_of(ranks: list[dict[str, Any]] | None) -> dict[str, Any] | None:
+    """The cost model a marsched server decides with (its first rank's under data parallelism): the
+    step-time terms it learned from its own steps and their source; None without one."""
+    cost = (ranks[0].get("scheduler") or {}).get("cost_model") if ranks else None
     return cost if isinstance(cost, dict) else None
 
 
-def server_counters(url: str) -> dict[str, Any]:
-    """Retention counters from /marsched/state (marsched only) and vLLM's prefix cache (and a KV connector's
-    prefix hits) from /metrics."""
+def server_counters(url: str, ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
+    """Retention counters from /marsched/state (marsched only; `ranks`: `marsched_ranks`, fetched here when
+    not given) and vLLM's prefix cache (and a KV connector's prefix hits) from /metrics."""
     counters: dict[str, Any] = {}
-    state = get(f"{url}/marsched/state")
-    if state is not None:
-        answer = json.loads(state)
-        ranks = answer.get("ranks") or [answer]  # under data parallelism, one state per rank: summed
+    if ranks is None:
+        ranks = marsched_ranks(url)
+    if ranks is not None:
         for key in ("retention_hits", "retention_misses", "retention_expired", "retention_released",
                     "retention_reused_tokens", "retention_yielded", "promotions"):
             values = [(rank.get("scheduler") or {}).get(key) for rank in ranks]

@@ -25,7 +25,7 @@ from typing import Any
 
 from marsched.atomic import write_atomically
 from marsched.experiments.conversations.run import commit, versions
-from marsched.experiments.conversations.servers import (START_TIMEOUT_S, Server, server_cost_model,
+from marsched.experiments.conversations.servers import (START_TIMEOUT_S, Server, cost_model_of, marsched_ranks,
                                                         server_counters, tail)
 from marsched.experiments.http_bench.binding import BindingMismatch, check_same_binding, core_binding
 from marsched.experiments.http_bench.configs import DESCRIPTIONS, ORACLE, Engine, server_command
@@ -158,8 +158,9 @@ def run_slot(slot: Slot, plan: Plan, bindings: dict[str, str | None]) -> RunReco
             record.error = f"loadgen exited with status {status}: {tail(folder / 'loadgen.log', 3)}"
         elif not report.exists():
             record.error = "loadgen wrote no report"
-        record.counters = server_counters(server.url)
-        record.cost_model = server_cost_model(server.url)
+        ranks = marsched_ranks(server.url)  # once, for both
+        record.counters = server_counters(server.url, ranks)
+        record.cost_model = cost_model_of(ranks)
         for line in tail(folder / "loadgen.log", 3).splitlines():
             progress(f"[{slot.label}] {line}")
     except RuntimeError as error:  # the server did not start; BindingMismatch goes on up

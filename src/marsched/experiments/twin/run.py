@@ -112,13 +112,12 @@ def load_runs(plan: TwinPlan, sims: dict[str, dict[str, Any]], folder: Path) -> 
     return runs
 
 
-def servers_step_costs(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]],
-                       folder: Path) -> dict[str, dict[str, Any]] | None:
-    """Per configuration, the step costs this load's marsched servers learned (`served_costs.costs_by_config`),
+def servers_step_costs(plan: TwinPlan, load: Load, runs: list[RunRecord]) -> dict[str, dict[str, Any]] | None:
+    """Per configuration, the step costs the marsched servers of this load's `runs` (`load_runs`) learned
+    (`served_costs.costs_by_config`),
     each with its step time over the profile's; None when none learned them (stock vLLM only, or runs from
     before they were kept)."""
-    runs = [(run.config, run.cost_model) for run in load_runs(plan, sims, folder) if run.measured]
-    costs = costs_by_config(runs, plan.configs)
+    costs = costs_by_config(((run.config, run.cost_model) for run in runs if run.measured), plan.configs)
     if costs is None:
         return None
     profile_cost = engine_profile(plan.sim_engine).cost
@@ -133,13 +132,13 @@ def servers_step_costs(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any
     return costs
 
 
-def live_records(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], folder: Path,
+def live_records(plan: TwinPlan, load: Load, sims: dict[str, dict[str, Any]], runs: list[RunRecord],
                  requests: list[Request], served_sims: dict[str, dict[str, Any]] | None = None) -> list[TwinRecord]:
-    """The records of one load's live comparison, read back from its run files; `requests`: the
-    load's replay, as simulated; `served_sims`: each configuration's simulation at the servers' step costs."""
+    """The records of one load's live comparison, from its runs (`load_runs`); `requests`: the load's
+    replay, as simulated; `served_sims`: each configuration's simulation at the servers' step costs."""
     contexts = {r.request_id: [s.context_tokens for s in r.segments] for r in requests}
     records = []
-    for run in load_runs(plan, sims, folder):
+    for run in runs:
         live = None
         if run.measured:
             live = live_numbers(json.loads(Path(run.loadgen).read_text()), contexts)
@@ -202,13 +201,14 @@ def run_twin(plan: TwinPlan) -> int:
         else:
             live = live_plan(plan, load, workload)
             status = max(status, run_plan(live))
-            costs = servers_step_costs(plan, load, sims, live.out)
+            runs = load_runs(plan, sims, live.out)
+            costs = servers_step_costs(plan, load, runs)
             served_sims = None
             if costs is not None:
                 served[load.name] = costs
                 served_sims = {config: simulations.served_summary(config, load.rate, costs[config])
                                for config in plan.configs}
-            records += live_records(plan, load, sims, live.out, requests, served_sims)
+            records += live_records(plan, load, sims, runs, requests, served_sims)
         write_results(plan, records, served)
         if status not in (0, 1):  # interrupted, the servers' cores differ, or --resume found other settings: stop here
             break
