@@ -196,3 +196,22 @@ def test_a_finish_teaches_what_was_generated_where_the_request_holds_only_a_plan
     assert policy.predictor.length.predict_past(past) == 40
     policy.observe_finish(RequestProgress(planned, order_s=0.0))  # the simulator: the segment is what ran
     assert policy.predictor.length.predict_past(past) > 40
+
+
+@pytest.mark.parametrize("declared", [True, False])
+def test_a_declared_plan_still_teaches_the_online_predictor_and_the_trace_plan_bound_does_not(declared):
+    """A live server's key reads the plan its client declared (`Policy.plan_is_declared`): its online
+    predictor learns from every request that ends. Under the simulator's plan bound it never did,
+    and its tables stay as they were."""
+    from dataclasses import replace
+
+    from marsched.policy.progress import RequestProgress
+
+    policy = replace(make_policy("mars", COST, SegmentPredictor(OnlineLength(), PastMeanApi())),
+                     plan_is_declared=declared)
+    planned = build_request("turn", 100, [(4096, None)])
+    for _ in range(3):
+        policy.observe_finish(RequestProgress(planned, order_s=0.0), last_output_tokens=12)
+    past = RequestPast.of(build_request("next", 100, [(4096, None)]), 0)
+    assert policy.predictor.length.predict_past(past) == (12 if declared else 100)
+    assert len(policy.program_rest.lengths("")) == 0  # the program's rest is the ledger's, not the policy's

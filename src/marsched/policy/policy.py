@@ -161,6 +161,10 @@ class Policy:
     # What the key knows of a request past its current segment (`program_rest.py`): PLAN reads the
     # trace's later segments (a bound); MEAN and GITTINS learn it from the requests that ended.
     rest: RestRule = RestRule.PLAN
+    # The plan a request carries is what its client declared (a live server's: over HTTP, one
+    # segment of `max_tokens`), not the trace's future: a predictor that learns online still learns
+    # from every request that ends, as it does under MEAN and GITTINS.
+    plan_is_declared: bool = False
     boost_gamma: float | None = None  # γ of the BOOST order, per second (`boost.py`)
     # What the AT_CALL rule (INFERCEPT) prices a call with: its true duration, as its source does in
     # simulation (a bound), or the predicted one, which is all a server has (the live twin's).
@@ -362,8 +366,9 @@ class Policy:
         self._segment_ended(progress, last, output)
         if self.ttl is not None:
             self.ttl.observe_program(len(request.segments))
-        if not self.knows_future:
+        if not self.knows_future or self.plan_is_declared:
             self.predictor.observe_output(RequestPast.of(request, last), output)
+        if not self.knows_future:
             self.program_rest.ended(request.task_class, request.segments)
 
     def _segment_ended(self, progress: RequestProgress, index: int, output_tokens: int) -> None:

@@ -107,7 +107,11 @@ class CallSteps:
             gap = self._keeper.claim(conversation, request.request_id, list(request.prompt_token_ids or ()), now)
             if gap is not None:  # the gap goes to the tools the previous turn called, when they are known
                 self._gaps.observe(gap, self._tools.arrived(conversation, meta.tool if meta else None))
-            predicted = plan[min(meta.segment if meta else 0, len(plan) - 1)].output_tokens
+            # The turn's reply as the policy predicts it (the plan's length for a front-end prediction,
+            # the online mean for a predictor that learns; never a bare `max_tokens`): its program's
+            # outlook prices the turns to come with it until one has ended.
+            segment = min(meta.segment if meta else 0, len(plan) - 1)
+            predicted = self.mars_policy.predictor.predict(progress.request, segment).output_tokens
             self._programs.turn_arrives(conversation, progress, predicted)
         program = {} if tracked.conversation is None else {
             "program": tracked.conversation, "identity": "inferred" if tracked.inferred else "stated"}

@@ -211,7 +211,7 @@ class MarsConfig:
         for key in ("starvation", "starvation_quantum", "admission"):
             if getattr(self, key) != "default":
                 kwargs[key] = getattr(self, key)
-        return make_policy(
+        policy = make_policy(
             self.policy,
             self.cost_model(token_budget),
             predictor=predictor,
@@ -220,3 +220,6 @@ class MarsConfig:
             nudge_m=self.nudge_m,
             **kwargs,
         )
+        # The key reads each request's plan, which its client declared (`max_tokens` for a plain
+        # one); the program's turns to come are the scheduler's `ProgramLedger`'s.
+        return replace(policy, plan_is_declared=True)
