@@ -76,3 +76,13 @@ VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/mo
     --out results/twin/run8-more --repeats 3 --loads queueing:4 --configs vllm-stock-host,infercept,mars --resume
 # Both tables were then made again with --resume (no run left to measure) after the servers' step costs
 # became each configuration's own (stock vLLM's those of --policy vllm).
+# The ninth run, on a third machine (2026-12-07, later session): a step took 1.25 ms against the second
+# machine's 1.95 ms. After the live server's online predictor learned from the replies it served (it had
+# predicted its 100-token prior for every reply) and the default grid reached 10 tasks/s (at 5 tasks/s
+# MARS, INFERCEPT and the host tier were within 1.23x their unloaded slowdown here), calibrated here and the
+# loads picked by the simulator (light 1.2, queueing 10 tasks/s), one live repeat of every configuration:
+VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/model --out results/twin/run9/profile.json \
+    --name twin-tiny-32k-cpu --kv-cache-gb 1 --prefill-tokens 256,1024,4096,8192,16384 --decode-batches 1,8,32 \
+    --decode-contexts 1024,8192 --repeats 3 --force
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run9/profile.json \
+    --out results/twin/run9 --repeats 1
