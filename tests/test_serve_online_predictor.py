@@ -3,8 +3,8 @@
 The live policy reads each request's plan (what its client declared: for a plain completion, one
 segment of `max_tokens`), so its online predictor once learned nothing and predicted its prior
 for ever; and a conversation's first turn priced its program's turns to come at `max_tokens`.
-Here a server is sent plain completions of a few tokens each, then requests with a large
-`max_tokens`: the trace shows the predictions it ranked them by.
+Here a server is sent plain completions of a few tokens each, then a conversation's first turn
+with a large `max_tokens`: the trace shows the predictions it ranked them by.
 """
 
 from __future__ import annotations

@@ -33,7 +33,7 @@ KV_BLOCKS = 257  # 32,768 tokens and vLLM's null block: the longest context fits
 MAX_MODEL_LEN = 32768
 MAX_NUM_SEQS = 64
 MAX_NUM_BATCHED_TOKENS = 4096
-GRID = "0.2,0.4,0.6,0.8,1,1.2,1.5,2,2.5,3,4,5,6,8,10"  # up to where a fast machine queues too (10 tasks/s on the third machine)
+GRID = "0.2,0.4,0.6,0.8,1,1.2,1.5,2,2.5,3,4,5,6,8,10"  # up to where a fast machine queues too (docs/twin.md)
 # The live servers predict as their twins do: from the replies served (filler text has nothing a
 # learned head could read; `marsched serve`'s own default reads the text).
 LIVE_PREDICTOR = "online"
