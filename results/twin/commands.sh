@@ -86,3 +86,10 @@ VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/mo
     --decode-contexts 1024,8192 --repeats 3 --force
 .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run9/profile.json \
     --out results/twin/run9 --repeats 1
+# Continuum's pin at 10 tasks/s again, twice: once with the server's event trace (a diagnostic; the trace file
+# is not kept), then a second repeat beside run9's first (its run copied in, paths in run.json rewritten):
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run9/profile.json \
+    --out results/twin/run9-continuum-traced --repeats 1 --loads queueing:10 --configs continuum \
+    --marsched-arg=--trace-out=/tmp/diag/c10-live.jsonl
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run9/profile.json \
+    --out results/twin/run9-continuum --repeats 2 --loads queueing:10 --configs continuum --resume
