@@ -114,9 +114,8 @@ def load_runs(plan: TwinPlan, sims: dict[str, dict[str, Any]], folder: Path) -> 
 
 def servers_step_costs(plan: TwinPlan, load: Load, runs: list[RunRecord]) -> dict[str, dict[str, Any]] | None:
     """Per configuration, the step costs the marsched servers of this load's `runs` (`load_runs`) learned
-    (`served_costs.costs_by_config`),
-    each with its step time over the profile's; None when none learned them (stock vLLM only, or runs from
-    before they were kept)."""
+    (`served_costs.costs_by_config`), each with its step time over the profile's; None when none learned
+    them (stock vLLM only, or runs from before they were kept)."""
     costs = costs_by_config(((run.config, run.cost_model) for run in runs if run.measured), plan.configs)
     if costs is None:
         return None
