@@ -93,3 +93,19 @@ VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/mo
     --marsched-arg=--trace-out=/tmp/diag/c10-live.jsonl
 .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run9/profile.json \
     --out results/twin/run9-continuum --repeats 2 --loads queueing:10 --configs continuum --resume
+# run9's second and third repeats (session of 2026-12-07, same machine, code unchanged in behaviour since 9209f63).
+# First stock vLLM and --policy vllm at 10 tasks/s once more, to see whether run9's 1.32x gap between them
+# repeats (it did not: 88.26 s and 94.75 s); those two runs and run9-continuum's second one were copied into
+# run9 as repeat 2 (paths and "repeat" in run.json rewritten), then --resume ran every other repeat:
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run9/profile.json \
+    --out /tmp/diag/ab --repeats 1 --loads queueing:10 --configs vllm-stock,vllm
+for c in vllm-stock vllm; do
+    cp -r /tmp/diag/ab/queueing/runs/$c-r1 results/twin/run9/queueing/runs/$c-r2
+    sed -i "s#/tmp/diag/ab/queueing/runs/$c-r1#results/twin/run9/queueing/runs/$c-r2#g; s#\"repeat\": 1#\"repeat\": 2#" \
+        results/twin/run9/queueing/runs/$c-r2/run.json
+done
+cp -r results/twin/run9-continuum/queueing/runs/continuum-r2 results/twin/run9/queueing/runs/continuum-r2
+sed -i "s#run9-continuum/queueing/runs/continuum-r2#run9/queueing/runs/continuum-r2#g" \
+    results/twin/run9/queueing/runs/continuum-r2/run.json
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run9/profile.json \
+    --out results/twin/run9 --repeats 3 --resume
