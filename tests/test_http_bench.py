@@ -156,6 +156,21 @@ def test_every_server_gets_the_same_engine_and_only_the_scheduler_differs(monkey
         assert configs.DESCRIPTIONS[name].startswith(f"marsched serve --policy {name}")
     continuum = commands["continuum"]
     assert continuum[continuum.index("--policy") + 1] == "mars"
+    assert "--scheduler-cls" not in stock and "--scheduler-cls" not in host  # no meter asked for
+
+
+def test_a_stock_server_runs_vllms_scheduler_with_the_step_meter_when_given_its_file(monkeypatch, tmp_path):
+    monkeypatch.delenv("VLLM_CPU_NUM_OF_RESERVED_CPU", raising=False)
+    engine, meter = configs.Engine("/m"), tmp_path / "step_costs.json"
+    for name in ("vllm-stock", "vllm-stock-host"):
+        command = configs.server_command(name, engine, 8000, 4.5, meter)
+        assert command[0] == "env" and f"MARSCHED_STEP_METER={meter}" in command[:3]
+        assert command[command.index("--scheduler-cls") + 1] == "marsched.vllm.step_meter.MeteredScheduler"
+        unmetered = configs.server_command(name, engine, 8000, 4.5)
+        assert [a for a in command if a not in unmetered] == [f"MARSCHED_STEP_METER={meter}", "--scheduler-cls",
+                                                              "marsched.vllm.step_meter.MeteredScheduler"]
+    for name in ("vllm", "mars"):  # a marsched server shows its own costs: the file is not for it
+        assert configs.server_command(name, engine, 8000, 4.5, meter) == configs.server_command(name, engine, 8000, 4.5)
     assert continuum[continuum.index("--retention") + 1] == "fixed:4.5"
     assert "--policy" not in commands["mars"] and "--retention" not in commands["mars"]  # its defaults
 
@@ -305,3 +320,10 @@ def test_a_short_live_comparison_writes_the_summary_of_both_configurations(http_
     assert len({run["binding"] for run in result["runs"]}) == 1
     assert (out / "summary.md").read_text().startswith("| config | runs |")
     assert "| mars |" in run.stdout
+    # Stock vLLM ran its own scheduler with the step meter beside it: the steps it timed are kept with
+    # its run, as a marsched server's cost model is.
+    stock = json.loads((out / "runs" / "vllm-stock-r1" / "run.json").read_text())
+    assert "marsched.vllm.step_meter.MeteredScheduler" in stock["command"]
+    assert stock["cost_model"] == json.loads((out / "runs" / "vllm-stock-r1" / "step_costs.json").read_text())
+    assert stock["cost_model"]["steps"] > 0
+    assert not (out / "runs" / "mars-r1" / "step_costs.json").exists()

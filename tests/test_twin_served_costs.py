@@ -67,6 +67,16 @@ def test_each_configuration_takes_its_own_runs_terms_and_stock_vllm_the_vllm_pol
     assert costs_by_config([("vllm-stock", None)], ["vllm-stock"]) is None
 
 
+def test_stock_vllm_with_its_step_meters_terms_takes_its_own():
+    runs = [("vllm", _learned(5.0)), ("vllm-stock", _learned(2.0, swap_source="placeholder")),
+            ("vllm-stock", _learned(4.0, swap_source="placeholder")), ("vllm-stock-host", None)]
+    costs = costs_by_config(runs, ["vllm-stock", "vllm-stock-host"])
+    seq = PROFILE_COST.seconds_per_sequence
+    assert costs["vllm-stock"]["from_runs_of"] == "vllm-stock" and costs["vllm-stock"]["runs"] == 2
+    assert costs["vllm-stock"]["seconds_per_sequence"] == pytest.approx(3.0 * seq)
+    assert costs["vllm-stock-host"]["from_runs_of"] == "vllm"  # no meter in its run: the stand-in
+
+
 def test_the_cost_model_takes_the_servers_terms_and_keeps_its_budget():
     served = with_served_terms(PROFILE_COST, served_terms([_learned(2.0)]))
     assert served.seconds_per_sequence == pytest.approx(6e-4) and served.seconds_per_iteration == pytest.approx(4e-3)

@@ -36,10 +36,12 @@ _CLIENT = "vllm.v1.engine.core_client"
 NAMES: tuple[VllmName, ...] = (
     # --- the scheduler: MarsScheduler = MarsSchedulerMixin + AsyncScheduler (vllm/scheduler.py)
     VllmName("vllm.v1.core.sched.async_scheduler", "AsyncScheduler", "base class of MarsScheduler"),
-    VllmName(_SCHED, "Scheduler", "base class of bench's step-timed stock scheduler (bench/steps.py)"),
+    VllmName(_SCHED, "Scheduler", "base class of bench's step-timed stock scheduler (bench/steps.py) and of "
+             "stock vLLM's step meter (vllm/step_meter.py)"),
     VllmName("vllm.v1.core.sched.async_scheduler", "AsyncScheduler.__init__",
              "override: replace the waiting queue, build the policy"),
-    VllmName(_SCHED, "Scheduler.__init__", "override (bench's step timer): open the step log"),
+    VllmName(_SCHED, "Scheduler.__init__", "override (bench's step timer, the step meter): open the step log, "
+             "start the fit"),
     VllmName(_SCHED, "Scheduler.schedule", "override: sync, rank, promote, order running before vLLM's step"),
     VllmName(_SCHED, "Scheduler.update_from_output", "override: swap-outs done, first tokens, error outputs",
              ("scheduler_output", "model_runner_output")),
@@ -56,6 +58,7 @@ NAMES: tuple[VllmName, ...] = (
              "override and call: aborts carry conversation releases and stop-string ends; "
              "end a faulted request with FINISHED_ERROR", ("request_ids", "finished_status")),
     VllmName(_SCHED, "Scheduler.has_requests", "override: keep stepping while a swap-out or an expiry is due"),
+    VllmName(_SCHED, "Scheduler.has_unfinished_requests", "the step meter writes its fit when the last request is done"),
     VllmName(_SCHED, "Scheduler.shutdown", "override: close the event trace and the kept conversations"),
     VllmName(_SCHED, "Scheduler._free_request_blocks", "Discard at the call; free after a swap-out's copy",
              ("request",)),
@@ -295,6 +298,7 @@ NAMES: tuple[VllmName, ...] = (
 OVERRIDES: tuple[tuple[str, str, str, str], ...] = (
     ("marsched.vllm.scheduler", "MarsScheduler", "vllm.v1.core.sched.async_scheduler", "AsyncScheduler"),
     ("marsched.bench.steps", "StepTimedScheduler", _SCHED, "Scheduler"),
+    ("marsched.vllm.step_meter", "MeteredScheduler", _SCHED, "Scheduler"),
     ("marsched.vllm.kv_swap", "HostSwapConnector", _BASE, "KVConnectorBase_V1"),
     ("marsched.vllm.prefix_tier", "HostPrefixTierConnector", _BASE, "KVConnectorBase_V1"),
     ("marsched.vllm.ranked_queue", "RankedRequestQueue", "vllm.v1.core.sched.request_queue", "RequestQueue"),

@@ -35,8 +35,7 @@ from vllm.v1.request import Request, RequestStatus, StreamingUpdate
 
 from marsched.lifecycle import CallLifecycle, IterationTime
 from marsched.policy import Admission, EngineLoad, KvOutlook, RequestProgress
-from marsched.policy.cost_model import attention_pairs
-from marsched.policy.learned_cost import LearnedCost, StepShape
+from marsched.policy.learned_cost import LearnedCost
 from marsched.policy.retention import GapEstimator
 from marsched.vllm.call_steps import CallSteps
 from marsched.vllm.config import MarsConfig
@@ -50,7 +49,7 @@ from marsched.vllm.programs import ProgramLedger
 from marsched.vllm.running_order import RunningOrder
 from marsched.vllm.signals import engine_input_queue, wake_engine_on_shutdown_signals
 from marsched.vllm.snapshot import Inspection
-from marsched.vllm.step_clock import StepClock
+from marsched.vllm.step_clock import StepClock, step_shape
 from marsched.vllm.told_predictions import ToldPredictions
 from marsched.vllm.tool_hints import ConversationTools
 from marsched.vllm.trace import open_trace
@@ -339,24 +338,20 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
     def _step_ran(self, output: Any) -> None:
         """τ learns the cost model's time for the step just scheduled, as in the simulator, and the
         trace tells it."""
-        tokens = output.total_num_scheduled_tokens
-        if not tokens:
+        shape = step_shape(output, self.requests)
+        if shape is None:
             return
-        scheduled = output.num_scheduled_tokens
-        for rid in scheduled:  # Autellix's attained service: one per step it runs in, as the simulator counts
+        for rid in output.num_scheduled_tokens:  # Autellix's attained service: one per step it runs in, as the simulator counts
             tracked = self._tracked.get(rid)
             if tracked is not None:
                 tracked.progress.attained_iterations += 1
-        # vLLM has advanced each request's computed tokens by what it scheduled: cached plus new.
-        computed = {rid: self.requests[rid].num_computed_tokens for rid in scheduled if rid in self.requests}
-        context_tokens = sum(computed.values())
-        pairs = sum(attention_pairs(scheduled[rid], done - scheduled[rid]) for rid, done in computed.items())
         if self.mars_cost.step is not None:
-            self._step_clock.scheduled(output, self._schedule_t,
-                                       StepShape(tokens, context_tokens, len(scheduled), pairs))
-        self.tau.observe(self.mars_policy.cost.iteration_time(tokens, context_tokens, len(scheduled), pairs))
+            self._step_clock.scheduled(output, self._schedule_t, shape)
+        self.tau.observe(self.mars_policy.cost.iteration_time(shape.tokens, shape.context_tokens, shape.sequences,
+                                                              shape.attention_pairs))
         pool = self.kv_cache_manager.block_pool
-        self.lifecycle.scheduled(iterations=1, batch=len(scheduled), tokens=tokens, context_tokens=context_tokens,
+        self.lifecycle.scheduled(iterations=1, batch=shape.sequences, tokens=shape.tokens,
+                                 context_tokens=shape.context_tokens,
                                  free_blocks=pool.get_num_free_blocks(),
                                  host_free_blocks=self._host_free_tokens() // self.cache_config.block_size)
 

@@ -19,7 +19,28 @@ from __future__ import annotations
 from collections import deque
 from typing import Any
 
+from marsched.policy.cost_model import attention_pairs
 from marsched.policy.learned_cost import StepShape
+
+def step_shape(output: Any, requests: dict[str, Any]) -> StepShape | None:
+    """The cost model's regressors for the step `schedule()` just returned (`output`, a vLLM
+    `SchedulerOutput`), read from the scheduler's `requests`; None for a step that computes nothing.
+    vLLM has already advanced each scheduled request's computed tokens by what it scheduled (cached
+    plus new), so a request's context is its computed tokens and its new ones attend to what came
+    before them."""
+    tokens = output.total_num_scheduled_tokens
+    if not tokens:
+        return None
+    scheduled = output.num_scheduled_tokens
+    computed = {rid: requests[rid].num_computed_tokens for rid in scheduled if rid in requests}
+    pairs = sum(attention_pairs(scheduled[rid], done - scheduled[rid]) for rid, done in computed.items())
+    return StepShape(tokens, sum(computed.values()), len(scheduled), pairs)
+
+
+# Stock vLLM's scheduler with this clock beside it (`step_meter.py`, which imports vLLM), and the
+# environment variable naming the file it writes its step costs to.
+METERED_SCHEDULER = "marsched.vllm.step_meter.MeteredScheduler"
+METER_ENV = "MARSCHED_STEP_METER"
 
 _OPEN_MAX = 8  # steps scheduled and not yet updated (vLLM keeps at most its batch queue's, 1 or 2)
 

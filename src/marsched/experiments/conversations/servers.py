@@ -167,6 +167,16 @@ def cost_model_of(ranks: list[dict[str, Any]] | None) -> dict[str, Any] | None:
     return cost if isinstance(cost, dict) else None
 
 
+def metered_cost_model(path: Path) -> dict[str, Any] | None:
+    """The cost model a stock server's step meter wrote (`vllm/step_meter.py`), in `cost_model_of`'s
+    form; None where it wrote none (a marsched server, or a meter that never stepped)."""
+    try:
+        cost = json.loads(path.read_text())
+    except (OSError, ValueError):
+        return None
+    return cost if isinstance(cost, dict) else None
+
+
 def server_counters(url: str, ranks: list[dict[str, Any]] | None = None) -> dict[str, Any]:
     """Retention counters from /marsched/state (marsched only; `ranks`: `marsched_ranks`, fetched here when
     not given) and vLLM's prefix cache (and a KV connector's prefix hits) from /metrics."""

@@ -4,7 +4,10 @@ Every server gets the same model, KV cache (`--num-gpu-blocks-override`), contex
 engine options and seed; only the scheduler differs:
 
 - `vllm-stock`: stock vLLM's OpenAI server (the module `python -m vllm.entrypoints.openai.api_server`
-  runs, and `marsched serve` too), prefix caching on, with the bench's reply-length processor;
+  runs, and `marsched serve` too), prefix caching on, with the bench's reply-length processor. Its
+  scheduler is vLLM's own, with a step meter beside it (`--scheduler-cls
+  marsched.vllm.step_meter.MeteredScheduler`: every decision vLLM's, each step timed into the cost
+  model a marsched server learns, so the twin simulates stock vLLM at its own step costs);
 - `vllm-stock-host`: the same stock server with a host prefix tier (`marsched.vllm.prefix_tier`, a KV
   connector: finished requests' full blocks kept in host memory by block hash, LRU, loaded back on a
   prefix hit) of the host memory the marsched configurations' Swap connector gets
@@ -37,12 +40,14 @@ import statistics
 import sys
 from collections.abc import Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 from marsched.experiments.conversations.servers import ENTRY
 from marsched.loadgen.reply_length import PROCESSOR
 from marsched.loadgen.session import Session, shape_gap
 from marsched.serve.launch import stock_reserved_cores
 from marsched.vllm.config import MarsConfig
+from marsched.vllm.step_clock import METER_ENV, METERED_SCHEDULER
 
 CONFIGS = ("vllm-stock", "vllm-stock-host", "vllm", "infercept", "continuum", "autellix", "mars")
 BASELINE = "vllm-stock"
@@ -105,18 +110,22 @@ def host_tier_config() -> dict:
             "kv_connector_extra_config": {"host_tokens": MarsConfig().host_swap_tokens}}
 
 
-def server_command(config: str, engine: Engine, port: int, fixed_s: float) -> list[str]:
-    """The argv that starts `config`'s server on `port`; `fixed_s` is continuum's T."""
+def server_command(config: str, engine: Engine, port: int, fixed_s: float, meter: Path | None = None) -> list[str]:
+    """The argv that starts `config`'s server on `port`; `fixed_s` is continuum's T; `meter`: the
+    file a stock server's step meter writes its step costs to (`vllm.step_meter`), or none."""
     stock = [sys.executable, "-m", ENTRY, "--model", engine.model, "--host", "127.0.0.1", "--port", str(port),
              "--logits-processors", PROCESSOR]
+    if meter is not None:
+        stock += ["--scheduler-cls", METERED_SCHEDULER]
+    metered = [f"{METER_ENV}={meter}"] if meter is not None else []
     if config == BASELINE:
-        return [*stock, *vllm_options(engine)]
+        return [*(["env", *metered] if metered else []), *stock, *vllm_options(engine)]
     if config == STOCK_HOST:
         # A KV connector makes vLLM reserve one core more (for NIXL's thread): on two cores the model
         # would compute on both, stock vLLM on one. Reserve what stock does, unless the caller set it.
         reserved = os.environ.get("VLLM_CPU_NUM_OF_RESERVED_CPU",
                                   str(stock_reserved_cores(tuple(vllm_options(engine)))))
-        return ["env", f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserved}", *stock,
+        return ["env", f"VLLM_CPU_NUM_OF_RESERVED_CPU={reserved}", *metered, *stock,
                 "--kv-transfer-config", json.dumps(host_tier_config(), separators=(",", ":")), *vllm_options(engine)]
     marsched = [sys.executable, "-m", "marsched.cli", "serve", engine.model, "--port", str(port),
                 "--seed", str(engine.seed), "--bench-reply-lengths"]

@@ -17,7 +17,8 @@ class RunRecord:
     binding: str | None = None  # `binding.core_binding` of the log
     queue: dict[str, Any] | None = None  # `engine_queue.QueueStats`
     counters: dict[str, Any] = field(default_factory=dict)  # retention and prefix-cache counters after the load
-    cost_model: dict[str, Any] | None = None  # a marsched server's cost model after the load (`conversations.servers.cost_model_of`)
+    cost_model: dict[str, Any] | None = None  # the server's learned cost model after the load: a marsched server's
+    # (`conversations.servers.cost_model_of`), or stock vLLM's step meter's (`metered_cost_model`)
     start_s: float | None = None  # until the server was healthy
     load_s: float | None = None  # the replay's wall time
     interrupted: bool = False  # Ctrl-C during the replay: its report holds only what finished

@@ -3,8 +3,8 @@ workload with `marsched loadgen`, stop the server's whole process group; after e
 so far (`summary.json`, `summary.md`).
 
 Files under `out`: `runs/<config>-r<k>/` holds `server.log`, `loadgen.json` (the loadgen report),
-`loadgen.log` (its output) and `run.json` (`RunRecord`); `summary.json` and `summary.md` sit at the
-top. `loadgen` runs as a subprocess in its own session, so Ctrl-C reaches only this process, which
+`loadgen.log` (its output), `run.json` (`RunRecord`) and, for stock vLLM, `step_costs.json` (its step
+meter's cost model); `summary.json` and `summary.md` sit at the top. `loadgen` runs as a subprocess in its own session, so Ctrl-C reaches only this process, which
 forwards one SIGINT: loadgen writes what finished (marked interrupted, left out of the summary), the
 server is stopped, and the summary keeps the runs that finished. A server whose core binding differs
 from the others' stops the comparison (`binding`).
@@ -26,7 +26,7 @@ from typing import Any
 from marsched.atomic import write_atomically
 from marsched.experiments.conversations.run import commit, versions
 from marsched.experiments.conversations.servers import (START_TIMEOUT_S, Server, cost_model_of, marsched_ranks,
-                                                        server_counters, tail)
+                                                        metered_cost_model, server_counters, tail)
 from marsched.experiments.http_bench.binding import BindingMismatch, check_same_binding, core_binding
 from marsched.experiments.http_bench.configs import DESCRIPTIONS, ORACLE, Engine, server_command
 from marsched.experiments.http_bench.engine_queue import QueueSampler
@@ -40,6 +40,7 @@ INTERRUPTED_EXIT = 130
 MISMATCH_EXIT = 3
 RESUME_MISMATCH_EXIT = 4  # --resume in a folder whose runs had other settings
 LOADGEN_STOP_S = 60.0  # for loadgen to write its report after SIGINT
+METER_FILE = "step_costs.json"
 BINDING_WAIT_S = 5.0  # the binding is logged before the server is healthy; a GPU server has none
 
 
@@ -128,10 +129,12 @@ def run_slot(slot: Slot, plan: Plan, bindings: dict[str, str | None]) -> RunReco
     folder = plan.out / "runs" / slot.label
     folder.mkdir(parents=True, exist_ok=True)
     port = free_port("127.0.0.1")
+    meter = folder / METER_FILE  # a stock server's step costs (a marsched server shows its own)
     record = RunRecord(slot.config, slot.repeat, log=str(folder / "server.log"),
-                       command=server_command(slot.config, plan.engine, port, plan.fixed_s))
+                       command=server_command(slot.config, plan.engine, port, plan.fixed_s, meter))
     report = folder / "loadgen.json"
-    report.unlink(missing_ok=True)  # a report left by an earlier comparison in this folder is not this run's
+    for earlier in (report, meter):  # left by an earlier comparison in this folder: not this run's
+        earlier.unlink(missing_ok=True)
     server = Server(record.command, port, Path(record.log))
     try:
         began = time.monotonic()
@@ -160,7 +163,7 @@ def run_slot(slot: Slot, plan: Plan, bindings: dict[str, str | None]) -> RunReco
             record.error = "loadgen wrote no report"
         ranks = marsched_ranks(server.url)  # once, for both
         record.counters = server_counters(server.url, ranks)
-        record.cost_model = cost_model_of(ranks)
+        record.cost_model = cost_model_of(ranks) or metered_cost_model(meter)
         for line in tail(folder / "loadgen.log", 3).splitlines():
             progress(f"[{slot.label}] {line}")
     except RuntimeError as error:  # the server did not start; BindingMismatch goes on up

@@ -12,9 +12,10 @@ from its copies. The policies' own work per step differs too (INFERCEPT's server
 MARS's time per sequence), so at each load the twin simulates every configuration again at the
 median of each term over that configuration's own runs (docs/twin.md, "The servers' step costs").
 These are engine constants read from step times, not the latencies being predicted. Stock vLLM's
-servers learn nothing; they are simulated at the terms of the marsched server closest to them,
-`--policy vllm` (vLLM's order, the plugin's bookkeeping: about 0.3 ms a step more than stock,
-docs/overhead.md), or, where the load ran none, at the median over every marsched run of the load.
+servers run vLLM's scheduler with a step meter beside it (`vllm/step_meter.py`), which fits the same
+terms the same way. Runs from before the meter have none; their configurations are simulated at the
+terms of the marsched server closest to them, `--policy vllm` (vLLM's order, the plugin's bookkeeping),
+or, where the load ran none, at the median over every run of the load that learned them.
 """
 
 from __future__ import annotations
@@ -31,7 +32,8 @@ LEARNED = CostSource.LEARNED.value  # a term's source in a server's cost model (
 STEP_TERMS = ("seconds_per_iteration", "seconds_per_token", "seconds_per_context_token",
               "seconds_per_sequence", "seconds_per_attention_pair")
 SWAP_TERM = "swap_tokens_per_s"
-# Configurations whose servers learn nothing, and the marsched configuration whose terms stand in for theirs.
+# Stock configurations, and the marsched configuration whose terms stand in for theirs where a run has no
+# step meter's (runs from before it).
 STAND_IN = {"vllm-stock": "vllm", "vllm-stock-host": "vllm"}
 
 # Steps of the kinds the twin's servers run (a chunk within the 4,096-token budget, decode batches of
