@@ -17,7 +17,8 @@ One JSON line per step (CPU execution is synchronous: schedule, forward, update)
 - `seqs`: sequences scheduled; `prefill_seqs`: those scheduled more than one token;
 - `ctx`: context tokens of the scheduled sequences after the step (what attention reads);
 - `pairs`: attention pairs of the step (`policy.cost_model.attention_pairs` of each sequence's
-  scheduled tokens on its cached ones), what prefill attention computes.
+  scheduled tokens on its cached ones), what prefill attention computes (`ctx` and `pairs` as
+  `vllm.step_clock.step_shape` reads them, the regressors of the server's learned cost model).
 
 Steps that schedule nothing are logged with `tokens: 0`. Lines are buffered and flushed at
 least every `FLUSH_S` seconds and at shutdown, so a killed engine loses at most that much.
@@ -34,8 +35,8 @@ from typing import Any
 
 from vllm.v1.core.sched.scheduler import Scheduler
 
-from marsched.policy.cost_model import attention_pairs
 from marsched.vllm.scheduler import MarsScheduler
+from marsched.vllm.step_clock import step_shape
 
 ENV_VAR = "MARSCHED_STEP_LOG"
 FLUSH_S = 0.5
@@ -64,13 +65,8 @@ class StepTimerMixin:
         # Context before the update: `schedule()` already counted this step's tokens as computed, and
         # the update drops the requests that finish (their context would be missing from the last step).
         counts = scheduler_output.num_scheduled_tokens
-        ctx = pairs = 0
-        if self._step_file is not None:
-            for rid, new in counts.items():
-                request = self.requests.get(rid)
-                if request is not None:
-                    ctx += request.num_computed_tokens
-                    pairs += attention_pairs(new, request.num_computed_tokens - new)
+        shape = step_shape(scheduler_output, self.requests) if self._step_file is not None else None
+        ctx, pairs = (shape.context_tokens, shape.attention_pairs) if shape is not None else (0, 0)
         begin = time.monotonic()
         result = super().update_from_output(scheduler_output, model_runner_output)
         if self._step_file is not None and self._step_open is not None:

@@ -341,7 +341,8 @@ class MarsSchedulerMixin(CallSteps, ConversationSteps, FaultIsolation, Inspectio
         shape = step_shape(output, self.requests)
         if shape is None:
             return
-        for rid in output.num_scheduled_tokens:  # Autellix's attained service: one per step it runs in, as the simulator counts
+        # Autellix's attained service: one per step it runs in, as the simulator counts.
+        for rid in output.num_scheduled_tokens:
             tracked = self._tracked.get(rid)
             if tracked is not None:
                 tracked.progress.attained_iterations += 1

@@ -22,6 +22,7 @@ from typing import Any
 from marsched.policy.cost_model import attention_pairs
 from marsched.policy.learned_cost import StepShape
 
+
 def step_shape(output: Any, requests: dict[str, Any]) -> StepShape | None:
     """The cost model's regressors for the step `schedule()` just returned (`output`, a vLLM
     `SchedulerOutput`), read from the scheduler's `requests`; None for a step that computes nothing.

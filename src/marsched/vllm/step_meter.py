@@ -23,12 +23,13 @@ engine.
 from __future__ import annotations
 
 import json
-import logging
 import os
 import time
+from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
 
+from vllm.logger import init_logger
 from vllm.v1.core.sched.scheduler import Scheduler
 
 from marsched.atomic import write_atomically
@@ -36,12 +37,12 @@ from marsched.policy.learned_cost import CostSource, LearnedCost
 from marsched.vllm.config import MarsConfig
 from marsched.vllm.step_clock import METER_ENV, StepClock, step_shape
 
-logger = logging.getLogger(__name__)
+logger = init_logger(__name__)
 
 WRITE_EVERY_S = 1.0
 
 
-def meter_path(environ: dict[str, str] | os._Environ[str]) -> Path:
+def meter_path(environ: Mapping[str, str]) -> Path:
     """The file the meter writes, from `METER_ENV`; ValueError when it is unset or empty."""
     value = environ.get(METER_ENV, "").strip()
     if not value:

@@ -4,10 +4,11 @@ so far (`summary.json`, `summary.md`).
 
 Files under `out`: `runs/<config>-r<k>/` holds `server.log`, `loadgen.json` (the loadgen report),
 `loadgen.log` (its output), `run.json` (`RunRecord`) and, for stock vLLM, `step_costs.json` (its step
-meter's cost model); `summary.json` and `summary.md` sit at the top. `loadgen` runs as a subprocess in its own session, so Ctrl-C reaches only this process, which
-forwards one SIGINT: loadgen writes what finished (marked interrupted, left out of the summary), the
-server is stopped, and the summary keeps the runs that finished. A server whose core binding differs
-from the others' stops the comparison (`binding`).
+meter's cost model); `summary.json` and `summary.md` sit at the top. `loadgen` runs as a subprocess
+in its own session, so Ctrl-C reaches only this process, which forwards one SIGINT: loadgen writes
+what finished (marked interrupted, left out of the summary), the server is stopped, and the summary
+keeps the runs that finished. A server whose core binding differs from the others' stops the
+comparison (`binding`).
 """
 
 from __future__ import annotations
