@@ -112,7 +112,7 @@ sed -i "s#run9-continuum/queueing/runs/continuum-r2#run9/queueing/runs/continuum
 # The tenth run (session of 2026-12-07, third; same machine as run9, its profile): after stock vLLM's servers
 # run vLLM's scheduler with a step meter beside it (vllm/step_meter.py), so that both stock configurations are
 # simulated at their own servers' step costs, not --policy vllm's. Three interleaved repeats of every
-# configuration, the queueing load first; the session's time ran out as the light load began, so the twin
-# was stopped before its first light run (its empty folder removed). The light load is left to --resume:
+# configuration, the queueing load first; the twin was then stopped before its first light run, for want of
+# session time (that run's empty folder removed). The light load is left to --resume:
 .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run9/profile.json \
     --out results/twin/run10 --repeats 3 --loads queueing:10,light:1.2
