@@ -24,7 +24,7 @@ import pytest
 from marsched.loadgen.agent_text import AgentTextError, load_agent_text, parse_agent_text
 from marsched.loadgen.arrivals import Arrival, session_arrivals
 from marsched.loadgen.claude_code import load_claude_code, session_from_request
-from marsched.loadgen.client import base_url, turn_xargs
+from marsched.loadgen.client import KEEPALIVE_S, base_url, open_client, turn_xargs
 from marsched.loadgen.filler import WORDS, GrowingContext, filler
 from marsched.loadgen.options import LoadgenOptions
 from marsched.loadgen.records import ConversationRecord, TurnRecord
@@ -859,3 +859,11 @@ def test_serve_bench_reply_lengths_loads_the_processor_beside_the_validator():
     assert BENCH_REPLY_LENGTH not in vllm_command(ServeOptions("m"))
     assert BENCH_REPLY_LENGTH == "marsched.loadgen.reply_length:BenchReplyLength"
     assert "bench reply lengths" in describe(ServeOptions("m", bench_reply_lengths=True), {})
+
+
+def test_the_client_drops_an_idle_connection_before_vllms_server_closes_it():
+    vllm_envs = pytest.importorskip("vllm.envs")
+    assert KEEPALIVE_S < vllm_envs.VLLM_HTTP_TIMEOUT_KEEP_ALIVE
+    client = open_client("http://127.0.0.1:1", 7.0, "x")
+    pool = client._client._transport._pool  # httpx's pool, as the client was given it
+    assert pool._keepalive_expiry == KEEPALIVE_S and client.max_retries == 0 and client.timeout == 7.0

@@ -31,6 +31,10 @@ from marsched.vllm.metadata import KEY as MARSCHED_KEY
 PROBE_PROMPT = " the and to in is"
 PROBE_TARGET = 3  # reply tokens the probe asks for
 PROBE_MAX_TOKENS = 12
+# Idle connections are dropped after this long, before vLLM's server closes them (its keep-alive,
+# `VLLM_HTTP_TIMEOUT_KEEP_ALIVE`, is 5 s, as was the client's): with both at 5 s, a turn sent after a
+# tool gap of about 5 s could go out on a connection the server was closing and get no answer.
+KEEPALIVE_S = 2.0
 
 
 class ServerError(Exception):
@@ -82,10 +86,14 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 
 def open_client(url: str, timeout_s: float, api_key: str) -> Any:
-    from openai import AsyncOpenAI
+    import httpx
+    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
 
+    # The openai client's own pool sizes, with idle connections dropped at KEEPALIVE_S.
+    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=KEEPALIVE_S)
     # No retries: a failed turn is a measurement, and a retry would hide it in the latency.
-    return AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, timeout=timeout_s, max_retries=0)
+    return AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, timeout=timeout_s, max_retries=0,
+                       http_client=DefaultAsyncHttpxClient(limits=limits))
 
 
 async def server_info(client: Any, model: str | None) -> ServerInfo:
