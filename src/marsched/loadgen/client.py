@@ -87,10 +87,12 @@ def _one_line(text: str, limit: int = 300) -> str:
 
 def open_client(url: str, timeout_s: float, api_key: str) -> Any:
     import httpx
-    from openai import AsyncOpenAI, DefaultAsyncHttpxClient
+    from openai import DEFAULT_CONNECTION_LIMITS, AsyncOpenAI, DefaultAsyncHttpxClient
 
     # The openai client's own pool sizes, with idle connections dropped at KEEPALIVE_S.
-    limits = httpx.Limits(max_connections=1000, max_keepalive_connections=100, keepalive_expiry=KEEPALIVE_S)
+    limits = httpx.Limits(max_connections=DEFAULT_CONNECTION_LIMITS.max_connections,
+                          max_keepalive_connections=DEFAULT_CONNECTION_LIMITS.max_keepalive_connections,
+                          keepalive_expiry=KEEPALIVE_S)
     # No retries: a failed turn is a measurement, and a retry would hide it in the latency.
     return AsyncOpenAI(base_url=f"{url}/v1", api_key=api_key, timeout=timeout_s, max_retries=0,
                        http_client=DefaultAsyncHttpxClient(limits=limits))
