@@ -65,9 +65,10 @@ class MeteredScheduler(Scheduler):
     def schedule(self, *args: Any, **kwargs: Any) -> Any:
         began = time.monotonic()
         output = super().schedule(*args, **kwargs)
-        shape = step_shape(output, self.requests)
-        if shape is not None:
-            self._meter_clock.scheduled(output, began, shape)
+        if self._meter_file is not None:  # else the metering has ended (a fault)
+            shape = step_shape(output, self.requests)
+            if shape is not None:
+                self._meter_clock.scheduled(output, began, shape)
         return output
 
     def update_from_output(self, scheduler_output: Any, model_runner_output: Any) -> Any:
