@@ -9,7 +9,7 @@ import pytest
 
 from marsched.policy.cost_model import CostModel, attention_pairs
 from marsched.policy.learned_cost import (
-    CostSource, LearnedCost, LearnSettings, StepShape, StepTimeFit, SwapRateFit, terms_of,
+    STEP_TERM_NAMES, CostSource, LearnedCost, LearnSettings, StepShape, StepTimeFit, SwapRateFit, terms_of,
 )
 
 PLACEHOLDER = CostModel(2e-5, 0.01, 2048, 1e6)
@@ -125,6 +125,48 @@ def test_swap_rate_from_measured_copies():
     assert learned.snapshot()["swap_source"] == "learned"
     assert learned.snapshot()["step_source"] == "configured"
     assert learned.cost.seconds_per_token == PLACEHOLDER.seconds_per_token  # the step terms as given
+
+
+def test_the_whole_runs_fit_forgets_nothing_and_is_only_reported():
+    """The fit decided with weighs the last `memory_steps` steps; `run` weighs the whole run alike."""
+    rng = random.Random(4)
+    learned = LearnedCost(PLACEHOLDER, CostSource.PLACEHOLDER, CostSource.PLACEHOLDER, LearnSettings(memory_steps=1024))
+    slower = tuple(2 * t for t in TRUE)
+    shapes = _served_steps(8000, rng)
+    for i, shape in enumerate(shapes):  # the engine's steps take twice as long for the second half
+        learned.observe_step(shape, _time(TRUE if i < 4000 else slower, shape))
+    reference = StepShape(512, 512, 1, attention_pairs(512, 0))
+    run = learned.snapshot()["run"]
+    assert run["steps"] == 8000
+    run_time = _time(tuple(run[name] for name in STEP_TERM_NAMES), reference)
+    assert _time(terms_of(learned.cost), reference) == pytest.approx(_time(slower, reference), rel=0.05)
+    # Both halves count (the slower half less: relative errors weigh a step by 1/t²).
+    assert 1.1 < run_time / _time(TRUE, reference) < 1.6
+    # Decisions use the latest fit only: the reported run never enters the cost model.
+    assert learned.cost.seconds_per_iteration == pytest.approx(learned.step.terms[0])
+    assert run["seconds_per_iteration"] != pytest.approx(learned.cost.seconds_per_iteration, rel=0.05)
+
+
+def test_the_whole_runs_fit_is_reported_once_learned_and_only_where_steps_are_learned():
+    learned = LearnedCost(PLACEHOLDER, CostSource.PLACEHOLDER, CostSource.PLACEHOLDER, LearnSettings(min_steps=32))
+    shapes = _served_steps(32, random.Random(5))
+    for shape in shapes[:31]:
+        learned.observe_step(shape, _time(TRUE, shape))
+    assert learned.snapshot()["run"] is None
+    learned.observe_step(shapes[31], _time(TRUE, shapes[31]))
+    assert learned.snapshot()["run"]["steps"] == 32
+    profiled = LearnedCost(PLACEHOLDER, CostSource.PROFILE, CostSource.PLACEHOLDER)
+    for shape in shapes:
+        profiled.observe_step(shape, _time(TRUE, shape))
+    assert profiled.snapshot()["run"] is None
+
+
+def test_memory_may_be_the_whole_run():
+    assert LearnSettings(memory_steps=math.inf).memory_steps == math.inf
+    with pytest.raises(ValueError, match="memory_steps"):
+        LearnSettings(memory_steps=math.nan)
+    with pytest.raises(ValueError, match="memory_steps"):
+        LearnSettings(memory_steps=0.5)
 
 
 def test_bad_input_is_named():

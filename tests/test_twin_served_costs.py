@@ -11,12 +11,13 @@ import pytest
 
 from marsched.experiments.twin.records import Load, TwinRecord, markdown
 from marsched.experiments.twin.served_costs import (
-    REFERENCE_STEPS, STEP_TERMS, costs_by_config, served_terms, step_time_ratio, with_served_terms,
+    REFERENCE_STEPS, costs_by_config, served_terms, step_time_ratio, with_served_terms,
 )
 from marsched.experiments.twin.simulate import SimEngine, engine_profile, simulate
 from marsched.experiments.twin.stream import replayed_requests
 from marsched.loadgen.options import CLAUDE_CODE, LoadgenOptions
 from marsched.policy.cost_model import CostModel
+from marsched.policy.learned_cost import STEP_TERM_NAMES
 
 PROFILE_COST = CostModel(seconds_per_token=7e-6, seconds_per_iteration=2e-3, token_budget=4096,
                          swap_tokens_per_s=1e7, seconds_per_context_token=5e-8, seconds_per_sequence=3e-4,
@@ -24,7 +25,7 @@ PROFILE_COST = CostModel(seconds_per_token=7e-6, seconds_per_iteration=2e-3, tok
 
 
 def _learned(scale: float, step_source: str = "learned", swap_source: str = "learned") -> dict:
-    terms = {name: scale * getattr(PROFILE_COST, name) for name in STEP_TERMS}
+    terms = {name: scale * getattr(PROFILE_COST, name) for name in STEP_TERM_NAMES}
     return terms | {"step_source": step_source, "swap_source": swap_source, "swap_tokens_per_s": scale * 1e6,
                     "token_budget": 4096, "steps": 500}
 
@@ -33,9 +34,17 @@ def test_the_servers_terms_are_the_median_over_the_runs_that_learned_them():
     terms = served_terms([_learned(1.0), _learned(3.0), _learned(2.0), None,
                           _learned(100.0, step_source="placeholder", swap_source="placeholder")])
     assert terms["runs"] == 3
-    for name in STEP_TERMS:
+    for name in STEP_TERM_NAMES:
         assert terms[name] == pytest.approx(2.0 * getattr(PROFILE_COST, name))
     assert terms["swap_tokens_per_s"] == pytest.approx(2e6) and terms["swap_runs"] == 3
+
+
+def test_the_servers_terms_are_their_whole_runs_fits_where_they_reported_them():
+    whole = {name: 3.0 * getattr(PROFILE_COST, name) for name in STEP_TERM_NAMES} | {"steps": 900}
+    terms = served_terms([_learned(1.0) | {"run": whole}, _learned(1.0) | {"run": whole}, _learned(1.0) | {"run": None}])
+    for name in STEP_TERM_NAMES:  # the median of 3x, 3x and (no whole-run fit: the latest fit's) 1x
+        assert terms[name] == pytest.approx(3.0 * getattr(PROFILE_COST, name))
+    assert terms["runs"] == 3 and terms["whole_run_fits"] == 2
 
 
 def test_a_swap_rate_is_taken_only_from_runs_that_learned_one():
@@ -138,7 +147,7 @@ def test_a_loads_step_costs_are_read_from_its_measured_marsched_runs(tmp_path, c
     plan = twin_cli.plan_of(twin_cli.parse(argv))
     profile_cost = engine_profile(plan.sim_engine).cost
     sims = {"mars": {}, "vllm-stock": {}, "infercept": {}}
-    learned = {name: 2.0 * getattr(profile_cost, name) for name in STEP_TERMS}
+    learned = {name: 2.0 * getattr(profile_cost, name) for name in STEP_TERM_NAMES}
     _run_file(tmp_path, "mars", 1, learned | {"step_source": "learned", "swap_source": "placeholder"})
     _run_file(tmp_path, "infercept", 1, {n: 100 * v for n, v in learned.items()} | {"step_source": "learned"},
               measured=False)  # a run that did not measure counts nothing

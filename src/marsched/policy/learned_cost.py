@@ -15,6 +15,11 @@ The fit (`StepTimeFit`):
   job) moves the fit by a bounded relative residual (below 1), not by its size;
 - sufficient statistics only (a 5×5 matrix and a vector), forgotten at `1/memory_steps` per step,
   so the estimate follows an engine whose speed drifts and costs O(1) memory;
+- beside it, the same fit over the whole run, forgetting nothing (`LearnedCost.run`), reported and
+  never decided with: what the run's steps cost on average. A fit that forgets weighs the last few
+  thousand steps, and where a run ends in a different mix (the drain of a queueing load: small
+  steps on long contexts) it extrapolates that mix to every step (docs/twin.md, "The servers'
+  step costs");
 - a Gaussian prior at the starting constants (the placeholders), weighing `prior_steps` steps in
   each term's own scale (moving a term by as much as explains an average step costs as much as
   `prior_steps` steps off by 100%): where the traffic does not separate two terms (`a` beside `d`
@@ -41,6 +46,9 @@ import numpy as np
 from marsched.policy.cost_model import CostModel
 
 TERMS = ("c", "a", "b", "d", "e")  # bench/fit.py's names: fixed, per token, per context token, per sequence, per pair
+# The same terms as `snapshot` names them (CostModel's fields).
+STEP_TERM_NAMES = ("seconds_per_iteration", "seconds_per_token", "seconds_per_context_token", "seconds_per_sequence",
+                  "seconds_per_attention_pair")
 
 
 class CostSource(str, Enum):
@@ -67,8 +75,8 @@ class LearnSettings:
                 raise ValueError(f"cost learning: {name} must be a whole number >= 1, got {value!r}")
         if not (math.isfinite(self.prior_steps) and self.prior_steps > 0):
             raise ValueError(f"cost learning: prior_steps must be a finite number > 0, got {self.prior_steps!r}")
-        if not (math.isfinite(self.memory_steps) and self.memory_steps >= 1):
-            raise ValueError(f"cost learning: memory_steps must be a finite number >= 1, got {self.memory_steps!r}")
+        if math.isnan(self.memory_steps) or self.memory_steps < 1:  # inf: forget nothing
+            raise ValueError(f"cost learning: memory_steps must be a number >= 1 (or inf), got {self.memory_steps!r}")
 
 
 @dataclass(frozen=True, slots=True)
@@ -150,16 +158,22 @@ class StepTimeFit:
         """(c, a, b, d, e): the prior until `min_steps` steps, then the latest fit."""
         return self._terms
 
-    def observe(self, shape: StepShape, seconds: float) -> bool:
-        """One step of `shape` took `seconds`. True when the estimate changed (a refit happened)."""
+    def record(self, shape: StepShape, seconds: float) -> None:
+        """One step of `shape` took `seconds`: into the statistics, without a refit (`fit` reads them)."""
         if not (math.isfinite(seconds) and seconds > 0):
             raise ValueError(f"cost learning: a step's time must be a finite number > 0 s, got {seconds!r}")
         if min(shape.tokens, shape.context_tokens, shape.sequences, shape.attention_pairs) < 0:
             raise ValueError(f"cost learning: a step's counts must be >= 0, got {shape}")
-        # Relative: the row and the time over the time, so the target is 1. Folded in at the refit,
-        # vectorised: a step costs an append, not a 5×5 update in Python.
+        # Relative: the row and the time over the time, so the target is 1. Folded in vectorised every
+        # `refit_every` steps: a step costs an append, not a 5×5 update in Python.
         self._pending.append([v / seconds for v in shape.row()])
         self.steps += 1
+        if len(self._pending) >= self.settings.refit_every:
+            self._fold()
+
+    def observe(self, shape: StepShape, seconds: float) -> bool:
+        """One step of `shape` took `seconds`. True when the estimate changed (a refit happened)."""
+        self.record(shape, seconds)
         if not self.learned:
             return False
         if self._fitted_at and self.steps - self._fitted_at < self.settings.refit_every:
@@ -246,6 +260,8 @@ class LearnedCost:
         learn_step = learn and step_source is CostSource.PLACEHOLDER
         learn_swap = learn and swap_source is CostSource.PLACEHOLDER
         self.step = StepTimeFit(terms_of(start), settings) if learn_step else None
+        # The whole run's fit, for the record only (module docstring).
+        self.run = StepTimeFit(terms_of(start), replace(settings, memory_steps=math.inf)) if learn_step else None
         self.swap = SwapRateFit(start.swap_tokens_per_s, settings) if learn_swap else None
         self.cost = start
 
@@ -263,7 +279,11 @@ class LearnedCost:
 
     def observe_step(self, shape: StepShape, seconds: float) -> bool:
         """A measured step; True when the cost model changed."""
-        if self.step is None or not self.step.observe(shape, seconds):
+        if self.step is None:
+            return False
+        assert self.run is not None
+        self.run.record(shape, seconds)
+        if not self.step.observe(shape, seconds):
             return False
         self.cost = with_terms(self.cost, self.step.terms)
         return True
@@ -292,4 +312,12 @@ class LearnedCost:
             "min_steps": self.step.settings.min_steps if self.step is not None else None,
             "swap_blocks": self.swap.blocks if self.swap is not None else 0,
             "swap_seconds": self.swap.seconds if self.swap is not None else 0.0,
+            "run": self.run_terms(),
         }
+
+    def run_terms(self) -> dict[str, float] | None:
+        """The whole run's step terms (`run`, never decided with), fitted now; None until it has
+        `min_steps` steps or where the step terms are not learned."""
+        if self.run is None or not self.run.learned:
+            return None
+        return dict(zip(STEP_TERM_NAMES, self.run.fit())) | {"steps": self.run.steps}

@@ -10,11 +10,11 @@ vLLM with
 
 vLLM's own `Scheduler`, every decision its own, with the plugin's step clock and fit beside it
 (`StepClock`, `LearnedCost` from the same placeholder constants), so the terms compare with a
-marsched server's term by term. The fit is written to FILE as JSON (`LearnedCost.snapshot`) at
-most once a second while the engine steps, and when its last request is done, replacing the file
-whole. The meter costs the engine about 12 µs a step (the fit, timed offline): 1% of the shortest
-step on the twin's machine (1.25 ms, a decode step of one sequence), far less of the chunked
-prefills that dominate a queueing load.
+marsched server's term by term. The fit is written to FILE as JSON (`LearnedCost.snapshot`, the
+whole run's fit under `run`) at most once a second while the engine steps, and when its last
+request is done, replacing the file whole. The meter costs the engine about 15 µs a step (the
+fits, timed offline): 1% of the shortest step on the twin's machine (1.25 ms, a decode step of one
+sequence), far less of the chunked prefills that dominate a queueing load.
 
 A fault of the meter (a file it cannot write) is logged once and ends the metering, never the
 engine.

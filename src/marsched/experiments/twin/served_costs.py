@@ -8,7 +8,8 @@ the request rate), so no in-process measurement can stand for it.
 
 Every marsched server learns the cost model's five step terms from its own steps, over the same
 span `calibrate` times (`policy/learned_cost.py`; `/marsched/state` `cost_model`), and its swap rate
-from its copies. The policies' own work per step differs too (INFERCEPT's servers learned twice
+from its copies. The twin takes the fit over the whole run (`cost_model.run`): the fit a server
+decides with forgets all but its last few thousand steps, the drain's mix at a queueing load. The policies' own work per step differs too (INFERCEPT's servers learned twice
 MARS's time per sequence), so at each load the twin simulates every configuration again at the
 median of each term over that configuration's own runs (docs/twin.md, "The servers' step costs").
 These are engine constants read from step times, not the latencies being predicted. Stock vLLM's
@@ -26,11 +27,9 @@ from dataclasses import replace
 from typing import Any
 
 from marsched.policy.cost_model import CostModel, attention_pairs
-from marsched.policy.learned_cost import CostSource, StepShape
+from marsched.policy.learned_cost import STEP_TERM_NAMES, CostSource, StepShape
 
 LEARNED = CostSource.LEARNED.value  # a term's source in a server's cost model (`LearnedCost.snapshot`)
-STEP_TERMS = ("seconds_per_iteration", "seconds_per_token", "seconds_per_context_token",
-              "seconds_per_sequence", "seconds_per_attention_pair")
 SWAP_TERM = "swap_tokens_per_s"
 # Stock configurations, and the marsched configuration whose terms stand in for theirs where a run has no
 # step meter's (runs from before it).
@@ -47,17 +46,27 @@ REFERENCE_STEPS = (
 )
 
 
+def run_step_terms(cost_model: dict[str, Any]) -> dict[str, Any]:
+    """A server's step terms for the twin: its whole run's fit (`run`, `LearnedCost.run_terms`) where
+    it reported one, else (a run from before it) the terms it decided with last."""
+    run = cost_model.get("run")
+    return run if isinstance(run, dict) else cost_model
+
+
 def served_terms(cost_models: Iterable[dict[str, Any] | None]) -> dict[str, Any] | None:
-    """The median of each learned term over the runs' cost models (`RunRecord.cost_model`), with how
-    many runs gave them; None when no run learned its step terms."""
+    """The median of each learned term (`run_step_terms`) over the runs' cost models (`RunRecord.cost_model`),
+    with how many runs gave them and how many of those fitted their whole run; None when no run learned
+    its step terms."""
     learned = [c for c in cost_models if isinstance(c, dict) and c.get("step_source") == LEARNED]
     if not learned:
         return None
-    terms: dict[str, Any] = {name: statistics.median(float(c[name]) for c in learned) for name in STEP_TERMS}
+    steps = [run_step_terms(c) for c in learned]
+    terms: dict[str, Any] = {name: statistics.median(float(c[name]) for c in steps) for name in STEP_TERM_NAMES}
     swaps = [float(c[SWAP_TERM]) for c in learned if c.get("swap_source") == LEARNED]
     if swaps:
         terms[SWAP_TERM] = statistics.median(swaps)
     terms["runs"] = len(learned)
+    terms["whole_run_fits"] = sum(isinstance(c.get("run"), dict) for c in learned)
     terms["swap_runs"] = len(swaps)
     return terms
 
@@ -86,7 +95,7 @@ def costs_by_config(runs: Iterable[tuple[str, dict[str, Any] | None]],
 def with_served_terms(cost: CostModel, terms: dict[str, Any]) -> CostModel:
     """`cost` with the servers' step terms, and their swap rate where they learned one; its token
     budget stays (the servers run the same one)."""
-    values = {name: terms[name] for name in STEP_TERMS}
+    values = {name: terms[name] for name in STEP_TERM_NAMES}
     if SWAP_TERM in terms:
         values[SWAP_TERM] = terms[SWAP_TERM]
     return replace(cost, **values)
