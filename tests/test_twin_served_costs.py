@@ -125,6 +125,10 @@ def test_the_table_adds_the_comparison_at_the_servers_step_costs_where_they_lear
     assert ("#### queueing, simulated at the servers' step costs (1.42–1.57× the profile's step time; each "
             "configuration's own runs', vllm-stock's from vllm's)") in table
     assert "| mars | 12.50 | 13.00 | 1.04 ✓ |" in table
+    assert "the fit decided with" not in table  # no run counts: nothing to say
+    served["queueing"]["mars"] |= {"runs": 3, "whole_run_fits": 1}
+    served["queueing"]["vllm-stock"] |= {"runs": 3, "whole_run_fits": 3}
+    assert "vllm-stock's from vllm's; the fit decided with, not the whole run's, for mars)" in markdown(records, served)
     assert "servers' step costs" not in markdown(records)  # no terms, no second table
     bare = [replace(records[0], sim_served=None)]
     assert "servers' step costs" not in markdown(bare, served)
