@@ -72,6 +72,7 @@ def test_the_meter_changes_no_decision_and_writes_what_a_server_would_learn(tiny
     assert written["steps"] == sched._meter.step.steps >= written["min_steps"]
     assert written["step_source"] == "learned"
     assert written["seconds_per_iteration"] + written["seconds_per_token"] > 0
+    assert written["run"]["steps"] == written["steps"]  # the whole run's fit, which the twin simulates at
     assert written == metered_cost_model(meter)
 
     # A file it cannot write ends the metering, not the engine.
