@@ -116,3 +116,23 @@ sed -i "s#run9-continuum/queueing/runs/continuum-r2#run9/queueing/runs/continuum
 # session time (that run's empty folder removed). The light load is left to --resume:
 .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run9/profile.json \
     --out results/twin/run10 --repeats 3 --loads queueing:10,light:1.2
+# Session of 2026-12-07, fourth (same machine): every learned cost model also reports its whole run's fit
+# (cost_model.run), which the twin now simulates at. The stock configurations' runs at 10 tasks/s, whose
+# meters predate it, were set aside (kept in run10/queueing-latest-fit-stock) and run again; the marsched
+# configurations' runs were kept (their twins run at the fit their servers decided with); then the light load:
+mkdir -p results/twin/run10/queueing-latest-fit-stock
+for c in vllm-stock vllm-stock-host; do
+    for r in 1 2 3; do git mv results/twin/run10/queueing/runs/$c-r$r results/twin/run10/queueing-latest-fit-stock/; done
+done
+sed -i 's#results/twin/run10/queueing/runs/vllm-stock#results/twin/run10/queueing-latest-fit-stock/vllm-stock#g' \
+    results/twin/run10/queueing-latest-fit-stock/*/run.json
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run9/profile.json \
+    --out results/twin/run10 --repeats 3 --loads queueing:10,light:1.2 --resume
+# Before that run, the step logs that explained the host tier's twin (results/twin/run10/step-logs; the script
+# as kept writes into its own folder, the runs wrote to /tmp/diag and then were copied there), and their prices:
+results/twin/run10/step-logs/live.sh host '{"kv_connector":"HostPrefixTierConnector","kv_role":"kv_both","kv_connector_module_path":"marsched.vllm.prefix_tier","kv_connector_extra_config":{"host_tokens":4194304}}'
+results/twin/run10/step-logs/live.sh stock
+for n in host stock; do
+    .venv/bin/python -m marsched.experiments.twin.step_log results/twin/run10/step-logs/$n.steps.jsonl \
+        --profile results/twin/run9/profile.json
+done
