@@ -85,6 +85,8 @@ def test_bad_logs_are_named_by_file_line_and_field(tmp_path, capsys):
         step_log.read_steps(bad)
     assert step_log.main([str(tmp_path / "missing.jsonl"), "--profile", PROFILE]) == 2
     assert "missing.jsonl: cannot read the step log" in capsys.readouterr().err
+    assert step_log.main([str(bad), "--profile", PROFILE, "--token-budget", "0"]) == 2
+    assert "--token-budget 0: give a number >= 1" in capsys.readouterr().err
 
 
 def test_too_few_steps_to_fit_is_said(tmp_path, capsys):

@@ -132,6 +132,9 @@ def main(argv: list[str] | None = None) -> int:
     p.add_argument("--profile", required=True, help="the engine's profile (`marsched calibrate --out`) or a bundled name")
     p.add_argument("--token-budget", type=int, default=4096, help="the server's --max-num-batched-tokens")
     args = p.parse_args(argv)
+    if args.token_budget < 1:
+        print(f"step_log: --token-budget {args.token_budget}: give a number >= 1", file=sys.stderr)
+        return 2
     try:
         steps = read_steps(Path(args.log))
         profile = load_profile(args.profile).cost
