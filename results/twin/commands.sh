@@ -136,3 +136,6 @@ for n in host stock; do
     .venv/bin/python -m marsched.experiments.twin.step_log results/twin/run10/step-logs/$n.steps.jsonl \
         --profile results/twin/run9/profile.json
 done
+# The twin had started before records.markdown named the configurations simulated at the fit their servers
+# decided with; run10/table.md was then rewritten from run10/records.json with the current records.markdown
+# (one heading changed).
