@@ -187,10 +187,10 @@ def markdown(records: Sequence[TwinRecord], served: dict[str, dict[str, dict[str
             stand_ins = "; ".join(f"{config}'s from {_runs_of(terms['from_runs_of'])}" for config, terms in costs.items()
                                   if terms.get("from_runs_of") not in (None, config))
             # Runs from before the whole-run fit (`served_costs.run_step_terms`) give the fit their server decided with.
-            latest = ", ".join(config for config, terms in costs.items()
-                               if terms.get("whole_run_fits", 0) < terms.get("runs", 0))
+            without_run_fit = ", ".join(config for config, terms in costs.items()
+                                        if terms.get("whole_run_fits", 0) < terms.get("runs", 0))
             lines += _table(f"#### {load}, simulated at the servers' step costs ({min(ratios):.2f}–{max(ratios):.2f}× the "
                             f"profile's step time; each configuration's own runs'" + (f", {stand_ins}" if stand_ins else "")
-                            + (f"; the fit decided with, not the whole run's, for {latest}" if latest else "")
+                            + (f"; the fit decided with, not the whole run's, for {without_run_fit}" if without_run_fit else "")
                             + ")", load_served)
     return "\n".join(lines).rstrip() + "\n"

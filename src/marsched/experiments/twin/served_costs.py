@@ -9,9 +9,10 @@ the request rate), so no in-process measurement can stand for it.
 Every marsched server learns the cost model's five step terms from its own steps, over the same
 span `calibrate` times (`policy/learned_cost.py`; `/marsched/state` `cost_model`), and its swap rate
 from its copies. The twin takes the fit over the whole run (`cost_model.run`): the fit a server
-decides with forgets all but its last few thousand steps, the drain's mix at a queueing load. The policies' own work per step differs too (INFERCEPT's servers learned twice
-MARS's time per sequence), so at each load the twin simulates every configuration again at the
-median of each term over that configuration's own runs (docs/twin.md, "The servers' step costs").
+decides with forgets all but its last few thousand steps, the drain's mix at a queueing load. The
+policies' own work per step differs too (INFERCEPT's servers learned twice MARS's time per
+sequence), so at each load the twin simulates every configuration again at the median of each term
+over that configuration's own runs (docs/twin.md, "The servers' step costs").
 These are engine constants read from step times, not the latencies being predicted. Stock vLLM's
 servers run vLLM's scheduler with a step meter beside it (`vllm/step_meter.py`), which fits the same
 terms the same way. Runs from before the meter have none; their configurations are simulated at the
