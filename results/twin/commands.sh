@@ -139,3 +139,9 @@ done
 # The twin had started before records.markdown named the configurations simulated at the fit their servers
 # decided with; run10/table.md was then rewritten from run10/records.json with the current records.markdown
 # (one heading changed).
+# Then one repeat of the marsched configurations at 10 tasks/s with their whole runs' fits, to see how far their
+# twins move (written to /tmp/run10-check, copied here with its paths rewritten):
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run9/profile.json \
+    --out /tmp/run10-check --repeats 1 --loads queueing:10 --configs vllm,infercept,continuum,autellix,mars
+cp -r /tmp/run10-check results/twin/run10-check
+grep -rl /tmp/run10-check results/twin/run10-check | xargs sed -i 's#/tmp/run10-check#results/twin/run10-check#g'
