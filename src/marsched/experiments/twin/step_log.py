@@ -27,7 +27,8 @@ from pathlib import Path
 from typing import Any
 
 from marsched.policy.cost_model import CostModel
-from marsched.policy.learned_cost import STEP_TERM_NAMES, CostSource, LearnedCost, StepShape, with_terms
+from marsched.experiments.twin.served_costs import with_served_terms
+from marsched.policy.learned_cost import CostSource, LearnedCost, StepShape
 from marsched.sim.profile import load_profile
 from marsched.vllm.config import MarsConfig
 
@@ -91,8 +92,7 @@ def fitted_terms(steps: list[LoggedStep], token_budget: int) -> dict[str, CostMo
     run = learned.run_terms()
     if run is None:
         raise ValueError(f"{len(steps)} steps: too few to fit (a server fits after {learned.step.settings.min_steps})")
-    whole = with_terms(learned.cost, tuple(run[name] for name in STEP_TERM_NAMES))
-    return {"latest": learned.cost, "whole run": whole}
+    return {"latest": learned.cost, "whole run": with_served_terms(learned.cost, run)}
 
 
 @dataclass
