@@ -145,3 +145,13 @@ done
     --out /tmp/run10-check --repeats 1 --loads queueing:10 --configs vllm,infercept,continuum,autellix,mars
 cp -r /tmp/run10-check results/twin/run10-check
 grep -rl /tmp/run10-check results/twin/run10-check | xargs sed -i 's#/tmp/run10-check#results/twin/run10-check#g'
+# Session of 2026-12-07, fifth: a fourth machine (a step of the same light load took about 2.4x run10's). The
+# host tier and MARS at 1.2 tasks/s, three interleaved repeats each, to see whether run10's 1.1% between them
+# holds on other runs (run9's profile, which does not describe this machine: only the live columns and the
+# table at the servers' own step costs count); written to /tmp/run10-light-pairs, copied here, paths rewritten:
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile results/twin/run9/profile.json \
+    --out /tmp/run10-light-pairs --repeats 3 --loads light:1.2 --configs vllm-stock-host,mars
+cp -r /tmp/run10-light-pairs results/twin/run11-light-pairs
+grep -rl /tmp/run10-light-pairs results/twin/run11-light-pairs | xargs sed -i 's#/tmp/run10-light-pairs#results/twin/run11-light-pairs#g'
+# Then the README's three twin commands exactly as written, in a fresh clone (git clone; scripts/setup.sh --vllm;
+# /tmp/twin moved aside first), copied here as run11 with its paths rewritten:
