@@ -155,3 +155,19 @@ cp -r /tmp/run10-light-pairs results/twin/run11-light-pairs
 grep -rl /tmp/run10-light-pairs results/twin/run11-light-pairs | xargs sed -i 's#/tmp/run10-light-pairs#results/twin/run11-light-pairs#g'
 # Then the README's three twin commands exactly as written, in a fresh clone (git clone; scripts/setup.sh --vllm;
 # /tmp/twin moved aside first), copied here as run11 with its paths rewritten:
+git clone -q /work/main /tmp/fresh && cd /tmp/fresh && scripts/setup.sh --vllm
+.venv/bin/marsched model --out /tmp/twin/model --layers 2 --hidden 128 --heads 4 --kv-heads 2 --intermediate 256 --max-position 32768
+VLLM_CPU_NUM_OF_RESERVED_CPU=1 .venv/bin/marsched calibrate --model /tmp/twin/model --out /tmp/twin/profile.json --kv-cache-gb 1 --prefill-tokens 256,1024,4096,8192,16384 --decode-batches 1,8,32 --decode-contexts 1024,8192
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile /tmp/twin/profile.json --out /tmp/twin/run --repeats 1
+cd /work/main
+cp -r /tmp/twin/run results/twin/run11 && cp /tmp/twin/profile.json results/twin/run11/profile.json
+grep -rl /tmp/twin/run results/twin/run11 | xargs sed -i 's#/tmp/twin/run#results/twin/run11#g'
+# Two more repeats at the queueing load (4 tasks/s) of the three lowest there (host tier, INFERCEPT, MARS), run11's
+# runs kept (--resume in a copy of /tmp/twin/run), copied here as run11-more with their paths rewritten:
+cp -r /tmp/twin/run /tmp/twin/run-more
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile /tmp/twin/profile.json \
+    --out /tmp/twin/run-more --repeats 3 --loads queueing:4 --configs vllm-stock-host,infercept,mars --resume
+cp -r /tmp/twin/run-more results/twin/run11-more
+grep -rl /tmp/twin/run-more results/twin/run11-more | xargs sed -i 's#/tmp/twin/run-more#results/twin/run11-more#g'
+rm -rf results/twin/run11-more/light  # a copy of run11's light load
+grep -rl /tmp/twin/run/ results/twin/run11-more | xargs sed -i 's#/tmp/twin/run/#results/twin/run11-more/#g'  # run11's first repeats, kept
