@@ -148,6 +148,7 @@ def test_the_live_prompts_are_set_against_the_simulated_contexts_turn_by_turn():
     (["--kv-blocks", "0"], "--kv-blocks 0"),
     (["--kv-blocks", "32", "--max-model-len", "4096"], "give at least 33"),
     (["--token-scale", "0"], "--token-scale"),
+    (["--out", "/dev/null"], "--out /dev/null: /dev/null is not a directory"),
 ])
 def test_bad_flags_are_refused_before_anything_runs(tmp_path, capsys, flags, message):
     argv = ["--model", "m", "--profile", PROFILE, "--out", str(tmp_path / "out"), "--sim-only", *flags]

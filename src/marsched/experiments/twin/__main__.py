@@ -14,6 +14,7 @@ import argparse
 import sys
 from pathlib import Path
 
+from marsched.atomic import OutputPathError, check_output_path
 from marsched.bench.engine_config import BLOCK_TOKENS
 from marsched.experiments.http_bench.configs import CONFIGS, Engine, check_configs, pin_seconds
 from marsched.experiments.twin.configs import SIM_POLICY
@@ -97,6 +98,10 @@ def plan_of(args: argparse.Namespace) -> TwinPlan:
                          f"{-(-args.max_model_len // BLOCK_TOKENS) + 1}")
     if not Path(args.profile).is_file():
         raise ValueError(f"--profile {args.profile}: no such file (make it with `marsched calibrate --out`)")
+    try:  # checked now, not after an hour of live runs
+        check_output_path(Path(args.out) / "records.json")
+    except OutputPathError as error:
+        raise ValueError(f"--out {args.out}: {error}") from None
     load = LoadgenOptions("http://127.0.0.1:1", CLAUDE_CODE, None, 1.0, args.duration, args.seed, args.gap_scale,
                           args.max_gap_s if args.max_gap_s >= 0 else None, args.token_scale, args.max_turns,
                           request_timeout_s=args.request_timeout)
