@@ -171,3 +171,5 @@ cp -r /tmp/twin/run-more results/twin/run11-more
 grep -rl /tmp/twin/run-more results/twin/run11-more | xargs sed -i 's#/tmp/twin/run-more#results/twin/run11-more#g'
 rm -rf results/twin/run11-more/light  # a copy of run11's light load
 grep -rl /tmp/twin/run/ results/twin/run11-more | xargs sed -i 's#/tmp/twin/run/#results/twin/run11-more/#g'  # run11's first repeats, kept
+# Which tasks make the p99 at 4 tasks/s, simulated only at run11-more's served terms:
+.venv/bin/python results/twin/run11-more/simtail.py
