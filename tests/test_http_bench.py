@@ -183,22 +183,23 @@ def test_continuums_pin_is_twice_the_median_gap_as_replayed():
     assert configs.pin_seconds([Session("t", (Turn(TextPrompt("p"), 1, 0.0),))], 1.0, None) == 1.0
 
 
-def test_the_plan_passes_the_workload_to_loadgen_and_checks_the_flags():
-    plan = plan_of(parse(["--model", "/m", "--out", "/o", "--configs", "vllm-stock,mars", "--rate", "0.25",
+def test_the_plan_passes_the_workload_to_loadgen_and_checks_the_flags(tmp_path):
+    out = str(tmp_path / "o")  # --out must be a folder that can be made
+    plan = plan_of(parse(["--model", "/m", "--out", out, "--configs", "vllm-stock,mars", "--rate", "0.25",
                           "--max-turns", "3", "--fixed-s", "2"]))
     command = loadgen_command(plan.load, "http://127.0.0.1:5", Path("/o/r.json"))
     pairs = dict(zip(command, command[1:]))
     assert pairs["--rate"] == "0.25" and pairs["--max-turns"] == "3" and pairs["--turn-chars"] == "400"
     assert pairs["--max-gap-s"] == "3.0" and "--token-scale" not in command and pairs["--out"] == "/o/r.json"
-    claude = plan_of(parse(["--model", "/m", "--out", "/o", "--workload", "claude-code", "--token-scale", "0.02"]))
+    claude = plan_of(parse(["--model", "/m", "--out", out, "--workload", "claude-code", "--token-scale", "0.02"]))
     assert claude.load.turn_chars == 0
     claude_command = loadgen_command(claude.load, "http://h:1", Path("r"))
     assert claude_command[claude_command.index("--token-scale") + 1] == "0.02" and "--turn-chars" not in claude_command
     assert "--oracle-predictions" not in command and "--reply-chars" not in command
-    long = plan_of(parse(["--model", "/m", "--out", "/o", "--reply-chars", "2000"]))
+    long = plan_of(parse(["--model", "/m", "--out", out, "--reply-chars", "2000"]))
     long_command = loadgen_command(long.load, "http://h:1", Path("r"))
     assert long_command[long_command.index("--reply-chars") + 1] == "2000" and long.load.turn_chars == 400
-    oracle = plan_of(parse(["--model", "/m", "--out", "/o", "--configs", "infercept,mars,mars-oracle"]))
+    oracle = plan_of(parse(["--model", "/m", "--out", out, "--configs", "infercept,mars,mars-oracle"]))
     assert oracle.configs == ("infercept", "mars", "mars-oracle")
     assert loadgen_command(oracle.load, "http://h:1", Path("r"), "mars-oracle")[-1] == "--oracle-predictions"
     assert "--oracle-predictions" not in loadgen_command(oracle.load, "http://h:1", Path("r"), "mars")
@@ -206,9 +207,10 @@ def test_the_plan_passes_the_workload_to_loadgen_and_checks_the_flags():
         configs.server_command("mars", configs.Engine("/m"), 1, 1.0)
     for args, message in ((["--configs", "vllm,nope"], "unknown 'nope'"), (["--configs", "mars,mars"], "twice"),
                           (["--rate", "0"], "--rate 0"), (["--repeats", "0"], "--repeats 0"),
-                          (["--turn-chars", "-1"], "--turn-chars -1")):
+                          (["--turn-chars", "-1"], "--turn-chars -1"),
+                          (["--out", "/dev/null"], "--out /dev/null: /dev/null is not a directory")):
         with pytest.raises(ValueError, match=message):
-            plan_of(parse(["--model", "/m", "--out", "/o", *args]))
+            plan_of(parse(["--model", "/m", "--out", out, *args]))
 
 
 def test_queue_gauges_are_read_from_vllms_metrics_page():
