@@ -9,7 +9,7 @@ import pytest
 
 from marsched.policy.cost_model import CostModel, attention_pairs
 from marsched.policy.learned_cost import (
-    STEP_TERM_NAMES, CostSource, LearnedCost, LearnSettings, StepShape, StepTimeFit, SwapRateFit, terms_of,
+    STEP_TERM_NAMES, CostSource, LearnedCost, LearnSettings, StepShape, StepTimeFit, StepWeight, SwapRateFit, terms_of,
 )
 
 PLACEHOLDER = CostModel(2e-5, 0.01, 2048, 1e6)
@@ -128,7 +128,7 @@ def test_swap_rate_from_measured_copies():
 
 
 def test_the_whole_runs_fit_forgets_nothing_and_is_only_reported():
-    """The fit decided with weighs the last `memory_steps` steps; `run` weighs the whole run alike."""
+    """The fit decided with weighs the last `memory_steps` steps; `run` weighs the whole run, each step by its time."""
     rng = random.Random(4)
     learned = LearnedCost(PLACEHOLDER, CostSource.PLACEHOLDER, CostSource.PLACEHOLDER, LearnSettings(memory_steps=1024))
     slower = tuple(2 * t for t in TRUE)
@@ -140,11 +140,53 @@ def test_the_whole_runs_fit_forgets_nothing_and_is_only_reported():
     assert run["steps"] == 8000
     run_time = _time(tuple(run[name] for name in STEP_TERM_NAMES), reference)
     assert _time(terms_of(learned.cost), reference) == pytest.approx(_time(slower, reference), rel=0.05)
-    # Both halves count (the slower half less: relative errors weigh a step by 1/t²).
-    assert 1.1 < run_time / _time(TRUE, reference) < 1.6
+    # Both halves count, the slower one more: its steps hold two thirds of the time (one number over
+    # both halves would be 4/3 of the faster weighed by time, 6/5 weighed alike).
+    assert 1.27 < run_time / _time(TRUE, reference) < 1.45
     # Decisions use the latest fit only: the reported run never enters the cost model.
     assert learned.cost.seconds_per_iteration == pytest.approx(learned.step.terms[0])
     assert run["seconds_per_iteration"] != pytest.approx(learned.cost.seconds_per_iteration, rel=0.05)
+
+
+def test_weighing_by_time_counts_a_step_once_per_millisecond():
+    """A fit weighed by time is the fit weighed alike of the same steps, each repeated as many times as
+    it took milliseconds (up to the prior, a few steps' worth in both); on times the form cannot fit
+    exactly, it is not the fit weighed alike."""
+    rng = random.Random(6)
+    steps = []
+    for shape in _served_steps(1000, rng):  # whole milliseconds, 30% off the form either way
+        steps.append((shape, max(round(1000 * _time(TRUE, shape) * rng.uniform(0.7, 1.3)), 1)))
+    whole = LearnSettings(memory_steps=math.inf)  # the repeats would otherwise forget more
+    by_time = StepTimeFit(terms_of(PLACEHOLDER), whole, StepWeight.TIME)
+    alike, repeated = StepTimeFit(terms_of(PLACEHOLDER), whole), StepTimeFit(terms_of(PLACEHOLDER), whole)
+    for shape, ms in steps:
+        by_time.record(shape, ms / 1000)
+        alike.record(shape, ms / 1000)
+        for _ in range(ms):
+            repeated.record(shape, ms / 1000)
+    probe = [shape for shape, _ in steps[:200]]
+
+    def priced(fit: StepTimeFit) -> list[float]:
+        return [_time(fit.fit(), shape) for shape in probe]
+
+    assert priced(by_time) == pytest.approx(priced(repeated), rel=0.02)
+    assert priced(by_time) != pytest.approx(priced(alike), rel=0.01)
+
+
+def test_the_whole_run_of_a_logged_server_is_priced_where_its_time_is():
+    """A live host-tier server's step log at a queueing load (results/twin/run10/step-logs): 7,382
+    decode steps and 572 chunks of 2,048 tokens or more, which hold about half its time. Weighed alike,
+    the fit priced those chunks at 1.17× their time; the whole run's fit, weighed by time, within 5%."""
+    from pathlib import Path
+
+    from marsched.experiments.twin.step_log import KINDS, fitted_terms, priced, read_steps
+
+    steps = read_steps(Path(__file__).parents[1] / "results/twin/run10/step-logs/host.steps.jsonl")
+    rows = {row.kind: row for row in priced(steps, fitted_terms(steps, 4096))}
+    long_chunks, everything = rows[KINDS[3]], rows["all"]
+    assert long_chunks.priced_s["whole run"] / long_chunks.measured_s == pytest.approx(1.0, abs=0.05)
+    assert long_chunks.priced_s["latest"] / long_chunks.measured_s > 1.1  # the fit decided with, weighed alike
+    assert everything.priced_s["whole run"] / everything.measured_s == pytest.approx(1.0, abs=0.07)
 
 
 def test_the_whole_runs_fit_is_reported_once_learned_and_only_where_steps_are_learned():

@@ -16,10 +16,13 @@ The fit (`StepTimeFit`):
 - sufficient statistics only (a 5×5 matrix and a vector), forgotten at `1/memory_steps` per step,
   so the estimate follows an engine whose speed drifts and costs O(1) memory;
 - beside it, the same fit over the whole run, forgetting nothing (`LearnedCost.run`), reported and
-  never decided with: what the run's steps cost on average. A fit that forgets weighs the last few
-  thousand steps, and where a run ends in a different mix (the drain of a queueing load: small
-  steps on long contexts) it extrapolates that mix to every step (docs/twin.md, "The servers'
-  step costs");
+  never decided with: what the run's steps cost, for a simulator to replay the run at. A fit that
+  forgets weighs the last few thousand steps, and where a run ends in a different mix (the drain of
+  a queueing load: small steps on long contexts) it extrapolates that mix to every step. This one
+  weighs each step by its time (`StepWeight.TIME`), not alike: where the form cannot fit every kind
+  of step, the steps that hold the run's time set the terms, not the many short ones (a run of
+  decode steps with a few long chunks had the chunks priced 1.17× their time; docs/twin.md, "The
+  servers' step costs");
 - a Gaussian prior at the starting constants (the placeholders), weighing `prior_steps` steps in
   each term's own scale (moving a term by as much as explains an average step costs as much as
   `prior_steps` steps off by 100%): where the traffic does not separate two terms (`a` beside `d`
@@ -49,6 +52,13 @@ TERMS = ("c", "a", "b", "d", "e")  # bench/fit.py's names: fixed, per token, per
 # The same terms as `snapshot` names them (CostModel's fields).
 STEP_TERM_NAMES = ("seconds_per_iteration", "seconds_per_token", "seconds_per_context_token", "seconds_per_sequence",
                   "seconds_per_attention_pair")
+
+
+class StepWeight(str, Enum):
+    """How much each step counts in a fit, its residual taken relative to its time either way."""
+
+    EQUAL = "equal"  # every step alike (`1/t²` on the absolute residual): a slowed step moves the fit by a bounded share
+    TIME = "time"  # each step by its time (`1/t`): the fit prices the run's seconds where they are spent
 
 
 class CostSource(str, Enum):
@@ -136,16 +146,19 @@ def nonnegative_quadratic_min(h: np.ndarray, g: np.ndarray) -> np.ndarray:
 class StepTimeFit:
     """The iteration terms (c, a, b, d, e), learned from measured steps (module docstring)."""
 
-    def __init__(self, prior: tuple[float, ...], settings: LearnSettings = LearnSettings()) -> None:
+    def __init__(self, prior: tuple[float, ...], settings: LearnSettings = LearnSettings(),
+                 weight_by: StepWeight = StepWeight.EQUAL) -> None:
         if len(prior) != len(TERMS) or any(not (math.isfinite(v) and v >= 0) for v in prior):
             raise ValueError(f"cost learning: the prior must be {len(TERMS)} finite constants >= 0 {TERMS}, got {prior}")
         self.settings = settings
+        self.weight_by = weight_by
         self.prior = tuple(float(v) for v in prior)
         self.steps = 0  # steps observed, all time
         self.weight = 0.0  # steps observed, forgetting included
         self._xtx = np.zeros((len(TERMS), len(TERMS)))
         self._xty = np.zeros(len(TERMS))
         self._pending: list[list[float]] = []  # relative rows of the steps since the last fold
+        self._pending_weights: list[float] = []  # and how much each counts (`weight_by`)
         self._terms = self.prior
         self._fitted_at = 0
 
@@ -167,6 +180,7 @@ class StepTimeFit:
         # Relative: the row and the time over the time, so the target is 1. Folded in vectorised every
         # `refit_every` steps: a step costs an append, not a 5×5 update in Python.
         self._pending.append([v / seconds for v in shape.row()])
+        self._pending_weights.append(seconds if self.weight_by is StepWeight.TIME else 1.0)
         self.steps += 1
         if len(self._pending) >= self.settings.refit_every:
             self._fold()
@@ -187,12 +201,15 @@ class StepTimeFit:
         if not self._pending:
             return
         x = np.array(self._pending)
+        counts = np.array(self._pending_weights)
         self._pending.clear()
+        self._pending_weights.clear()
         keep = 1.0 - 1.0 / self.settings.memory_steps
         age = np.arange(len(x) - 1, -1, -1)
         w = keep ** age
-        self._xtx = self._xtx * keep ** len(x) + (x * w[:, None]).T @ x
-        self._xty = self._xty * keep ** len(x) + w @ x
+        self._xtx = self._xtx * keep ** len(x) + (x * (w * counts)[:, None]).T @ x
+        self._xty = self._xty * keep ** len(x) + (w * counts) @ x
+        # Steps, not their weights: the prior weighs `prior_steps` average steps either way.
         self.weight = self.weight * keep ** len(x) + float(w.sum())
 
     def fit(self) -> tuple[float, ...]:
@@ -260,8 +277,9 @@ class LearnedCost:
         learn_step = learn and step_source is CostSource.PLACEHOLDER
         learn_swap = learn and swap_source is CostSource.PLACEHOLDER
         self.step = StepTimeFit(terms_of(start), settings) if learn_step else None
-        # The whole run's fit, for the record only (module docstring).
-        self.run = StepTimeFit(terms_of(start), replace(settings, memory_steps=math.inf)) if learn_step else None
+        # The whole run's fit, for the record only, each step weighed by its time (module docstring).
+        self.run = (StepTimeFit(terms_of(start), replace(settings, memory_steps=math.inf), StepWeight.TIME)
+                    if learn_step else None)
         self.swap = SwapRateFit(start.swap_tokens_per_s, settings) if learn_swap else None
         self.cost = start
 
