@@ -201,14 +201,14 @@ class StepTimeFit:
         if not self._pending:
             return
         x = np.array(self._pending)
-        counts = np.array(self._pending_weights)
+        step_weights = np.array(self._pending_weights)
         self._pending.clear()
         self._pending_weights.clear()
         keep = 1.0 - 1.0 / self.settings.memory_steps
         age = np.arange(len(x) - 1, -1, -1)
         w = keep ** age
-        self._xtx = self._xtx * keep ** len(x) + (x * (w * counts)[:, None]).T @ x
-        self._xty = self._xty * keep ** len(x) + (w * counts) @ x
+        self._xtx = self._xtx * keep ** len(x) + (x * (w * step_weights)[:, None]).T @ x
+        self._xty = self._xty * keep ** len(x) + (w * step_weights) @ x
         # Steps, not their weights: the prior weighs `prior_steps` average steps either way.
         self.weight = self.weight * keep ** len(x) + float(w.sum())
 
