@@ -173,3 +173,24 @@ rm -rf results/twin/run11-more/light  # a copy of run11's light load
 grep -rl /tmp/twin/run/ results/twin/run11-more | xargs sed -i 's#/tmp/twin/run/#results/twin/run11-more/#g'  # run11's first repeats, kept
 # Which tasks make the p99 at 4 tasks/s, simulated only at run11-more's served terms:
 .venv/bin/python results/twin/run11-more/simtail.py
+# Session of 2026-12-07, sixth (the fourth machine's kind: servers' steps 1.17-1.29x run11's profile). Two more
+# workload seeds live at the queueing load, the three lowest there, copied here as run12-seeds with paths rewritten:
+for s in 1 2; do
+    .venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile /tmp/twin/profile.json \
+        --out /tmp/twin/seeds/seed$s --repeats 1 --loads queueing:4 --configs vllm-stock-host,infercept,mars --seed $s \
+        > /tmp/twin/seeds/seed$s.log 2>&1
+    cp -r /tmp/twin/seeds/seed$s results/twin/run12-seeds/seed$s
+    cp /tmp/twin/seeds/seed$s.log results/twin/run12-seeds/seed$s/twin.log
+done
+grep -rl /tmp/twin/seeds results/twin/run12-seeds | xargs sed -i 's#/tmp/twin/seeds#results/twin/run12-seeds#g'
+# Eight seeds simulated on both machines' served terms, MARS's starvation multiples and tail-bounded orders:
+.venv/bin/python results/twin/run12-seeds/simseeds.py > results/twin/run12-seeds/simseeds.txt
+# The host tier's step log against its simulated run at three fits (after the whole-run fit was weighed by time):
+.venv/bin/python results/twin/run10/step-logs/simulated.py
+# Then the twin at the queueing load, every configuration, one repeat, with the whole-run fit weighed by time,
+# copied here as run13 with its paths rewritten:
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile /tmp/twin/profile.json \
+    --out /tmp/twin/run13 --repeats 1 --loads queueing:4 > /tmp/twin/run13.log 2>&1
+cp -r /tmp/twin/run13 results/twin/run13 && cp /tmp/twin/profile.json results/twin/run13/profile.json
+cp /tmp/twin/run13.log results/twin/run13/twin.log
+grep -rl /tmp/twin/run13 results/twin/run13 | xargs sed -i 's#/tmp/twin/run13#results/twin/run13#g'
