@@ -194,3 +194,12 @@ grep -rl /tmp/twin/seeds results/twin/run12-seeds | xargs sed -i 's#/tmp/twin/se
 cp -r /tmp/twin/run13 results/twin/run13 && cp /tmp/twin/profile.json results/twin/run13/profile.json
 cp /tmp/twin/run13.log results/twin/run13/twin.log
 grep -rl /tmp/twin/run13 results/twin/run13 | xargs sed -i 's#/tmp/twin/run13#results/twin/run13#g'
+# Stock vLLM against `marsched serve --policy vllm` at the light load, three interleaved repeats each, copied here as
+# run13-light-vllm with paths rewritten, then their turns' TTFT and decode:
+.venv/bin/python -m marsched.experiments.twin --model /tmp/twin/model --profile /tmp/twin/profile.json \
+    --out /tmp/twin/light-pairs --repeats 3 --loads light:0.8 --configs vllm-stock,vllm > /tmp/twin/light-pairs.log 2>&1
+mkdir -p results/twin/run13-light-vllm
+cp -r /tmp/twin/light-pairs/light /tmp/twin/light-pairs/records.json /tmp/twin/light-pairs/table.md results/twin/run13-light-vllm/
+cp /tmp/twin/light-pairs.log results/twin/run13-light-vllm/twin.log
+grep -rl /tmp/twin/light-pairs results/twin/run13-light-vllm | xargs sed -i 's#/tmp/twin/light-pairs#results/twin/run13-light-vllm#g'
+.venv/bin/python results/twin/run13-light-vllm/turns.py results/twin/run13-light-vllm/light/runs vllm-stock vllm
