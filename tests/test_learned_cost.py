@@ -4,9 +4,11 @@ from __future__ import annotations
 
 import math
 import random
+from pathlib import Path
 
 import pytest
 
+from marsched.experiments.twin.step_log import KINDS, fitted_terms, priced, read_steps
 from marsched.policy.cost_model import CostModel, attention_pairs
 from marsched.policy.learned_cost import (
     STEP_TERM_NAMES, CostSource, LearnedCost, LearnSettings, StepShape, StepTimeFit, StepWeight, SwapRateFit, terms_of,
@@ -166,21 +168,17 @@ def test_weighing_by_time_counts_a_step_once_per_millisecond():
             repeated.record(shape, ms / 1000)
     probe = [shape for shape, _ in steps[:200]]
 
-    def priced(fit: StepTimeFit) -> list[float]:
+    def probe_times(fit: StepTimeFit) -> list[float]:
         return [_time(fit.fit(), shape) for shape in probe]
 
-    assert priced(by_time) == pytest.approx(priced(repeated), rel=0.02)
-    assert priced(by_time) != pytest.approx(priced(alike), rel=0.01)
+    assert probe_times(by_time) == pytest.approx(probe_times(repeated), rel=0.02)
+    assert probe_times(by_time) != pytest.approx(probe_times(alike), rel=0.01)
 
 
 def test_the_whole_run_of_a_logged_server_is_priced_where_its_time_is():
     """A live host-tier server's step log at a queueing load (results/twin/run10/step-logs): 7,382
     decode steps and 572 chunks of 2,048 tokens or more, which hold about half its time. Weighed alike,
     the fit priced those chunks at 1.17× their time; the whole run's fit, weighed by time, within 5%."""
-    from pathlib import Path
-
-    from marsched.experiments.twin.step_log import KINDS, fitted_terms, priced, read_steps
-
     steps = read_steps(Path(__file__).parents[1] / "results/twin/run10/step-logs/host.steps.jsonl")
     rows = {row.kind: row for row in priced(steps, fitted_terms(steps, 4096))}
     long_chunks, everything = rows[KINDS[3]], rows["all"]

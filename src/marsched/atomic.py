@@ -100,11 +100,11 @@ def check_output_path(path: str | os.PathLike[str]) -> None:
         raise OutputPathError("file not writable")
 
 
-
 def check_output_folder(path: str | os.PathLike[str]) -> None:
     """Raise OutputPathError unless files can be written in the folder `path`: a writable directory,
     or one that can be made (checked as for a file in it; nothing is left behind)."""
     check_output_path(Path(path) / ".marsched-probe")
+
 
 class AtomicFile:
     """A binary output file that appears complete at `commit`, or not at all at `discard`.

@@ -158,7 +158,6 @@ class StepTimeFit:
         self._xtx = np.zeros((len(TERMS), len(TERMS)))
         self._xty = np.zeros(len(TERMS))
         self._pending: list[list[float]] = []  # relative rows of the steps since the last fold
-        self._pending_weights: list[float] = []  # and how much each counts (`weight_by`)
         self._terms = self.prior
         self._fitted_at = 0
 
@@ -180,7 +179,6 @@ class StepTimeFit:
         # Relative: the row and the time over the time, so the target is 1. Folded in vectorised every
         # `refit_every` steps: a step costs an append, not a 5×5 update in Python.
         self._pending.append([v / seconds for v in shape.row()])
-        self._pending_weights.append(seconds if self.weight_by is StepWeight.TIME else 1.0)
         self.steps += 1
         if len(self._pending) >= self.settings.refit_every:
             self._fold()
@@ -201,14 +199,14 @@ class StepTimeFit:
         if not self._pending:
             return
         x = np.array(self._pending)
-        step_weights = np.array(self._pending_weights)
         self._pending.clear()
-        self._pending_weights.clear()
         keep = 1.0 - 1.0 / self.settings.memory_steps
         age = np.arange(len(x) - 1, -1, -1)
         w = keep ** age
-        self._xtx = self._xtx * keep ** len(x) + (x * (w * step_weights)[:, None]).T @ x
-        self._xty = self._xty * keep ** len(x) + (w * step_weights) @ x
+        # A relative row's first entry is 1 over the step's time: by time, each row weighs its time.
+        weighted = w / x[:, 0] if self.weight_by is StepWeight.TIME else w
+        self._xtx = self._xtx * keep ** len(x) + (x * weighted[:, None]).T @ x
+        self._xty = self._xty * keep ** len(x) + weighted @ x
         # Steps, not their weights: the prior weighs `prior_steps` average steps either way.
         self.weight = self.weight * keep ** len(x) + float(w.sum())
 

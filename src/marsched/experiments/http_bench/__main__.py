@@ -14,9 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from marsched.atomic import OutputPathError, check_output_folder
 from marsched.experiments.http_bench.configs import (
-    CONFIGS, DEFAULT_ENGINE, ORACLE, Engine, check_configs, pin_seconds,
+    CONFIGS, DEFAULT_ENGINE, ORACLE, Engine, check_configs, check_out_folder, pin_seconds,
 )
 from marsched.experiments.http_bench.run import Plan, progress, run_plan
 from marsched.loadgen.options import CLAUDE_CODE, SESSION_CHOICES, WORKLOADS, LoadgenOptions, load_sessions
@@ -85,10 +84,7 @@ def plan_of(args: argparse.Namespace) -> Plan:
     fixed_s = args.fixed_s
     if fixed_s is None:
         fixed_s = pin_seconds(load_sessions(load), load.gap_scale, load.max_gap_s) if "continuum" in configs else 0.0
-    try:
-        check_output_folder(args.out)
-    except OutputPathError as error:
-        raise ValueError(f"--out {args.out}: {error}") from None
+    check_out_folder(args.out)
     engine = Engine(args.model, args.kv_blocks, args.max_model_len, args.seed, tuple(args.vllm_arg),
                     tuple(args.marsched_arg))
     return Plan(tuple(configs), args.repeats, engine, load, fixed_s, Path(args.out), args.start_timeout, args.resume)

@@ -42,6 +42,7 @@ from collections.abc import Sequence
 from dataclasses import dataclass
 from pathlib import Path
 
+from marsched.atomic import OutputPathError, check_output_folder
 from marsched.experiments.conversations.servers import ENTRY
 from marsched.loadgen.reply_length import PROCESSOR
 from marsched.loadgen.session import Session, shape_gap
@@ -94,6 +95,14 @@ def check_configs(names: Sequence[str]) -> list[str]:
     if len(set(names)) != len(names):
         raise ValueError(f"--configs {','.join(names)}: a configuration is named twice")
     return list(names)
+
+
+def check_out_folder(out: str) -> None:
+    """`--out`, checked before anything runs: a folder files can be written in; ValueError naming it."""
+    try:
+        check_output_folder(out)
+    except OutputPathError as error:
+        raise ValueError(f"--out {out}: {error}") from None
 
 
 def vllm_options(engine: Engine) -> list[str]:

@@ -14,9 +14,8 @@ import argparse
 import sys
 from pathlib import Path
 
-from marsched.atomic import OutputPathError, check_output_folder
 from marsched.bench.engine_config import BLOCK_TOKENS
-from marsched.experiments.http_bench.configs import CONFIGS, Engine, check_configs, pin_seconds
+from marsched.experiments.http_bench.configs import CONFIGS, Engine, check_configs, check_out_folder, pin_seconds
 from marsched.experiments.twin.configs import SIM_POLICY
 from marsched.experiments.twin.loads import parse_loads
 from marsched.experiments.twin.run import TwinPlan, progress, run_twin
@@ -98,10 +97,7 @@ def plan_of(args: argparse.Namespace) -> TwinPlan:
                          f"{-(-args.max_model_len // BLOCK_TOKENS) + 1}")
     if not Path(args.profile).is_file():
         raise ValueError(f"--profile {args.profile}: no such file (make it with `marsched calibrate --out`)")
-    try:  # checked now, not after the simulations
-        check_output_folder(args.out)
-    except OutputPathError as error:
-        raise ValueError(f"--out {args.out}: {error}") from None
+    check_out_folder(args.out)  # now, not after the simulations
     load = LoadgenOptions("http://127.0.0.1:1", CLAUDE_CODE, None, 1.0, args.duration, args.seed, args.gap_scale,
                           args.max_gap_s if args.max_gap_s >= 0 else None, args.token_scale, args.max_turns,
                           request_timeout_s=args.request_timeout)
